@@ -1,0 +1,287 @@
+//! The command line. Flag names follow the upstream kubelet's; a flag given
+//! on the command line overrides the same setting from `--config`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+use super::{ConfigError, KubeletConfiguration, Taint, field_err, validate_label_value, validate_qualified_name};
+
+/// The Kubernetes release whose kubelet behaviour and API kinglet implements
+/// (the `k8s-openapi` feature and the test control plane are pinned to it).
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
+
+/// `kinglet --version`.
+pub const VERSION_LINE: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (Kubernetes v1.37.2 node agent)"
+);
+
+/// Which runtime runs the pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeKind {
+    /// In-process through youki's libcontainer; no container daemon.
+    Oci,
+    /// A CRI runtime (containerd) over its unix socket.
+    Cri,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// kinglet: a kubelet for small machines.
+#[derive(Debug, Parser)]
+#[command(name = "kinglet", version = VERSION_LINE, about, max_term_width = 100)]
+pub struct Flags {
+    /// KubeletConfiguration file (kubelet.config.k8s.io/v1beta1, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// kubeconfig for the API server. Without it kinglet runs standalone.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Node name instead of the hostname.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// The node's InternalIP; by default the address the hostname resolves
+    /// to, else the address of the interface holding the default route.
+    #[arg(long, value_name = "IP")]
+    pub node_ip: Option<std::net::IpAddr>,
+
+    /// Labels added at registration: key=value,key=value.
+    #[arg(long, value_name = "LABELS", value_delimiter = ',')]
+    pub node_labels: Vec<String>,
+
+    /// Taints added at registration: key[=value]:Effect,...
+    #[arg(long, value_name = "TAINTS", value_delimiter = ',')]
+    pub register_with_taints: Vec<String>,
+
+    /// Directory for kinglet's state.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kinglet")]
+    pub root_dir: PathBuf,
+
+    /// Container runtime.
+    #[arg(long, value_enum, default_value_t = RuntimeKind::Oci)]
+    pub runtime: RuntimeKind,
+
+    /// CRI endpoint for --runtime cri, e.g. unix:///run/containerd/containerd.sock.
+    #[arg(long, value_name = "URL")]
+    pub container_runtime_endpoint: Option<String>,
+
+    /// Directory of static pod manifests (overrides staticPodPath).
+    #[arg(long, value_name = "DIR")]
+    pub pod_manifest_path: Option<String>,
+
+    /// Log verbosity as klog counts it: 0-1 info, 2-4 debug, 5+ trace.
+    #[arg(long = "v", short = 'v', value_name = "N")]
+    pub verbosity: Option<u32>,
+
+    /// Log format (overrides logging.format).
+    #[arg(long, value_enum)]
+    pub logging_format: Option<LogFormat>,
+}
+
+/// Everything kinglet runs with: the merged configuration plus settings that
+/// exist only as flags.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub config: KubeletConfiguration,
+    pub kubeconfig: Option<PathBuf>,
+    pub node_name: String,
+    pub node_ip: Option<std::net::IpAddr>,
+    pub node_labels: BTreeMap<String, String>,
+    pub root_dir: PathBuf,
+    pub runtime: RuntimeKind,
+}
+
+impl Flags {
+    /// Merges the flags over the config file (if any) and validates the
+    /// result. `hostname` supplies the default node name.
+    pub fn settings(
+        &self,
+        hostname: impl FnOnce() -> String,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Settings, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => super::load_file(path, &mut *warn)?,
+            None => KubeletConfiguration::default(),
+        };
+        if let Some(p) = &self.pod_manifest_path {
+            config.static_pod_path = p.clone();
+        }
+        if let Some(e) = &self.container_runtime_endpoint {
+            config.container_runtime_endpoint = e.clone();
+        }
+        if let Some(v) = self.verbosity {
+            config.logging.verbosity = v;
+        }
+        if let Some(f) = self.logging_format {
+            config.logging.format = match f {
+                LogFormat::Text => "text".into(),
+                LogFormat::Json => "json".into(),
+            };
+        }
+        if !self.register_with_taints.is_empty() {
+            config.register_with_taints = self
+                .register_with_taints
+                .iter()
+                .map(|t| Taint::parse(t).map_err(|e| field_err("--register-with-taints", e)))
+                .collect::<Result<_, _>>()?;
+        }
+        config.validate()?;
+
+        let mut node_labels = BTreeMap::new();
+        for l in &self.node_labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| field_err("--node-labels", format!("{l:?} must be key=value")))?;
+            validate_qualified_name(k)
+                .and_then(|_| validate_label_value(v))
+                .map_err(|e| field_err("--node-labels", format!("{l:?}: {e}")))?;
+            node_labels.insert(k.to_string(), v.to_string());
+        }
+
+        let node_name = match &self.hostname_override {
+            Some(n) => n.trim().to_lowercase(),
+            None => hostname().trim().to_lowercase(),
+        };
+        validate_node_name(&node_name)?;
+
+        if self.runtime == RuntimeKind::Cri && config.container_runtime_endpoint.is_empty() {
+            return Err(field_err(
+                "--container-runtime-endpoint",
+                "--runtime cri needs the CRI socket, e.g. unix:///run/containerd/containerd.sock",
+            ));
+        }
+        if !self.root_dir.is_absolute() {
+            return Err(field_err("--root-dir", "must be an absolute path"));
+        }
+        Ok(Settings {
+            config,
+            kubeconfig: self.kubeconfig.clone(),
+            node_name,
+            node_ip: self.node_ip,
+            node_labels,
+            root_dir: self.root_dir.clone(),
+            runtime: self.runtime,
+        })
+    }
+}
+
+/// A node name must be a DNS subdomain (RFC 1123), as the API server demands.
+fn validate_node_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(field_err(
+            "--hostname-override",
+            format!("node name {name:?} is not a valid DNS subdomain"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut argv = vec!["kinglet"];
+        argv.extend_from_slice(args);
+        Flags::try_parse_from(argv)
+            .unwrap()
+            .settings(|| "Edge-Box".into(), &mut |_| {})
+    }
+
+    #[test]
+    fn defaults_without_a_file() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.node_name, "edge-box");
+        assert_eq!(s.root_dir, PathBuf::from("/var/lib/kinglet"));
+        assert_eq!(s.runtime, RuntimeKind::Oci);
+        assert_eq!(s.config, KubeletConfiguration::default());
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(
+            &path,
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: /a\nmaxPods: 7\n",
+        )
+        .unwrap();
+        let s = settings(&[
+            "--config",
+            path.to_str().unwrap(),
+            "--pod-manifest-path",
+            "/b",
+            "--hostname-override",
+            "pi-1",
+            "--node-labels",
+            "site=lab,example.com/tier=edge",
+            "--register-with-taints",
+            "edge=true:NoSchedule",
+            "--runtime",
+            "cri",
+            "--container-runtime-endpoint",
+            "unix:///run/containerd/containerd.sock",
+            "--logging-format",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(s.config.static_pod_path, "/b");
+        assert_eq!(s.config.max_pods, 7);
+        assert_eq!(s.node_name, "pi-1");
+        assert_eq!(s.node_labels["example.com/tier"], "edge");
+        assert_eq!(s.config.register_with_taints[0].key, "edge");
+        assert_eq!(s.config.logging.format, "json");
+        assert_eq!(s.runtime, RuntimeKind::Cri);
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--node-labels", "novalue"], "--node-labels"),
+            (&["--node-labels", "a=b c"], "--node-labels"),
+            (&["--register-with-taints", "a=b"], "--register-with-taints"),
+            (&["--hostname-override", "bad_name!"], "--hostname-override"),
+            (&["--runtime", "cri"], "--container-runtime-endpoint"),
+            (&["--root-dir", "relative"], "--root-dir"),
+        ];
+        for (args, field) in cases {
+            let err = settings(args).unwrap_err().to_string();
+            assert!(err.contains(field), "{args:?}: {err}");
+        }
+        assert!(Flags::try_parse_from(["kinglet", "--runtime", "docker"]).is_err());
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        let err = settings(&["--config", "/nonexistent/kinglet.yaml"]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/kinglet.yaml"));
+    }
+
+    #[test]
+    fn version_matches_the_test_control_plane() {
+        // The control plane the e2e tests build must be the release kinglet
+        // claims to implement.
+        let gomod = include_str!("../../tests/cluster/go.mod");
+        assert!(gomod.contains(&format!("require k8s.io/kubernetes {KUBERNETES_VERSION}")));
+        assert!(VERSION_LINE.contains(KUBERNETES_VERSION));
+    }
+}

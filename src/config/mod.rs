@@ -1,0 +1,770 @@
+//! kinglet's configuration: the upstream `KubeletConfiguration` file format
+//! (`kubelet.config.k8s.io/v1beta1`) with upstream defaults, the command-line
+//! flags that override it, and validation that names the offending field.
+//!
+//! Everything is checked here, before any API call, so that a bad config is
+//! an exit with a message rather than a node that half works.
+
+pub mod flags;
+pub mod units;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+pub use units::{GoDuration, ThresholdValue, parse_quantity};
+
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+pub const KIND: &str = "KubeletConfiguration";
+
+/// A configuration problem, always naming the field it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid YAML or JSON: {message}")]
+    Syntax { path: String, message: String },
+    #[error("invalid value for field {field}: {message}")]
+    Field { field: String, message: String },
+}
+
+fn field_err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The eviction signals the upstream kubelet accepts.
+pub const EVICTION_SIGNALS: &[&str] = &[
+    "memory.available",
+    "allocatableMemory.available",
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "containerfs.available",
+    "containerfs.inodesFree",
+    "pid.available",
+];
+
+/// Upstream's hard eviction defaults, used when `evictionHard` is not set.
+pub const DEFAULT_EVICTION_HARD: &[(&str, &str)] = &[
+    ("memory.available", "100Mi"),
+    ("nodefs.available", "10%"),
+    ("nodefs.inodesFree", "5%"),
+    ("imagefs.available", "15%"),
+    ("imagefs.inodesFree", "5%"),
+];
+
+/// A `KubeletConfiguration`, with the fields kinglet implements. Field names,
+/// value syntax and defaults are upstream's.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KubeletConfiguration {
+    pub api_version: String,
+    pub kind: String,
+    pub static_pod_path: String,
+    pub sync_frequency: GoDuration,
+    pub file_check_frequency: GoDuration,
+    pub address: String,
+    pub port: i32,
+    pub read_only_port: i32,
+    pub tls_cert_file: String,
+    pub tls_private_key_file: String,
+    pub rotate_certificates: bool,
+    pub server_tls_bootstrap: bool,
+    pub authentication: Authentication,
+    pub authorization: Authorization,
+    pub healthz_bind_address: String,
+    pub healthz_port: i32,
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    pub streaming_connection_idle_timeout: GoDuration,
+    pub node_status_update_frequency: GoDuration,
+    pub node_status_report_frequency: GoDuration,
+    pub node_lease_duration_seconds: i32,
+    pub image_minimum_gc_age: GoDuration,
+    #[serde(rename = "imageGCHighThresholdPercent")]
+    pub image_gc_high_threshold_percent: i32,
+    #[serde(rename = "imageGCLowThresholdPercent")]
+    pub image_gc_low_threshold_percent: i32,
+    pub cgroup_driver: String,
+    pub cgroup_root: String,
+    pub cgroups_per_qos: bool,
+    pub max_pods: i32,
+    pub pod_pids_limit: i64,
+    pub serialize_image_pulls: bool,
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    pub eviction_soft: BTreeMap<String, String>,
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    pub eviction_pressure_transition_period: GoDuration,
+    pub eviction_max_pod_grace_period: i32,
+    pub eviction_minimum_reclaim: BTreeMap<String, String>,
+    pub system_reserved: BTreeMap<String, String>,
+    pub kube_reserved: BTreeMap<String, String>,
+    pub container_log_max_size: String,
+    pub container_log_max_files: i32,
+    pub container_runtime_endpoint: String,
+    pub register_node: bool,
+    pub register_with_taints: Vec<Taint>,
+    pub logging: Logging,
+}
+
+impl Default for KubeletConfiguration {
+    fn default() -> Self {
+        KubeletConfiguration {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            static_pod_path: String::new(),
+            sync_frequency: GoDuration::secs(60),
+            file_check_frequency: GoDuration::secs(20),
+            address: "0.0.0.0".into(),
+            port: 10250,
+            read_only_port: 0,
+            tls_cert_file: String::new(),
+            tls_private_key_file: String::new(),
+            rotate_certificates: false,
+            server_tls_bootstrap: false,
+            authentication: Authentication::default(),
+            authorization: Authorization::default(),
+            healthz_bind_address: "127.0.0.1".into(),
+            healthz_port: 10248,
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            streaming_connection_idle_timeout: GoDuration::secs(4 * 3600),
+            node_status_update_frequency: GoDuration::secs(10),
+            node_status_report_frequency: GoDuration::secs(300),
+            node_lease_duration_seconds: 40,
+            image_minimum_gc_age: GoDuration::secs(120),
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            cgroup_driver: "cgroupfs".into(),
+            cgroup_root: String::new(),
+            cgroups_per_qos: true,
+            max_pods: 110,
+            pod_pids_limit: -1,
+            serialize_image_pulls: true,
+            eviction_hard: None,
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_pressure_transition_period: GoDuration::secs(300),
+            eviction_max_pod_grace_period: 0,
+            eviction_minimum_reclaim: BTreeMap::new(),
+            system_reserved: BTreeMap::new(),
+            kube_reserved: BTreeMap::new(),
+            container_log_max_size: "10Mi".into(),
+            container_log_max_files: 5,
+            container_runtime_endpoint: String::new(),
+            register_node: true,
+            register_with_taints: Vec::new(),
+            logging: Logging::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Authentication {
+    pub x509: X509Authentication,
+    pub webhook: WebhookAuthentication,
+    pub anonymous: AnonymousAuthentication,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct X509Authentication {
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WebhookAuthentication {
+    pub enabled: bool,
+    #[serde(rename = "cacheTTL")]
+    pub cache_ttl: GoDuration,
+}
+
+impl Default for WebhookAuthentication {
+    fn default() -> Self {
+        WebhookAuthentication {
+            enabled: true,
+            cache_ttl: GoDuration::secs(120),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AnonymousAuthentication {
+    pub enabled: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Authorization {
+    pub mode: String,
+    pub webhook: WebhookAuthorization,
+}
+
+impl Default for Authorization {
+    fn default() -> Self {
+        Authorization {
+            mode: "Webhook".into(),
+            webhook: WebhookAuthorization::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct WebhookAuthorization {
+    #[serde(rename = "cacheAuthorizedTTL")]
+    pub cache_authorized_ttl: GoDuration,
+    #[serde(rename = "cacheUnauthorizedTTL")]
+    pub cache_unauthorized_ttl: GoDuration,
+}
+
+impl Default for WebhookAuthorization {
+    fn default() -> Self {
+        WebhookAuthorization {
+            cache_authorized_ttl: GoDuration::secs(300),
+            cache_unauthorized_ttl: GoDuration::secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Logging {
+    pub format: String,
+    pub verbosity: u32,
+}
+
+impl Default for Logging {
+    fn default() -> Self {
+        Logging {
+            format: "text".into(),
+            verbosity: 0,
+        }
+    }
+}
+
+/// A node taint as `registerWithTaints` and `--register-with-taints` give it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Taint {
+    pub key: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    pub effect: String,
+}
+
+const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
+
+impl Taint {
+    /// Parses `key[=value]:Effect`, the `--register-with-taints` syntax.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (kv, effect) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("taint {s:?} must be key[=value]:Effect"))?;
+        let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+        let t = Taint {
+            key: key.into(),
+            value: value.into(),
+            effect: effect.into(),
+        };
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        validate_qualified_name(&self.key).map_err(|e| format!("taint key {:?}: {e}", self.key))?;
+        if !self.value.is_empty() {
+            validate_label_value(&self.value)
+                .map_err(|e| format!("taint value {:?}: {e}", self.value))?;
+        }
+        if !TAINT_EFFECTS.contains(&self.effect.as_str()) {
+            return Err(format!(
+                "taint effect {:?} must be one of {}",
+                self.effect,
+                TAINT_EFFECTS.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a label or annotation key: `[prefix/]name`, prefix a DNS subdomain,
+/// name at most 63 characters of alphanumerics, `-`, `_`, `.`.
+pub fn validate_qualified_name(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        let ok = !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !ok {
+            return Err(format!("prefix {p:?} must be a DNS subdomain"));
+        }
+    }
+    if name.is_empty() {
+        return Err("name part must not be empty".into());
+    }
+    validate_label_value(name)
+}
+
+/// Checks a label value: at most 63 characters, alphanumerics with `-`, `_`,
+/// `.` inside.
+pub fn validate_label_value(v: &str) -> Result<(), String> {
+    let ok = v.len() <= 63
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && v.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
+        && v.chars().last().is_none_or(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err("must be at most 63 characters, alphanumerics and '-', '_', '.' starting and ending with an alphanumeric".into())
+    }
+}
+
+/// Reads a config file. Unknown fields are passed to `warn` (upstream's
+/// lenient decoding logs them too); every other problem is an error.
+pub fn load_file(
+    path: &Path,
+    mut warn: impl FnMut(String),
+) -> Result<KubeletConfiguration, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text, &path.display().to_string(), &mut warn)
+}
+
+/// Parses config text (YAML or JSON) and validates it.
+pub fn parse(
+    text: &str,
+    path: &str,
+    warn: &mut dyn FnMut(String),
+) -> Result<KubeletConfiguration, ConfigError> {
+    // YAML is first read into a generic tree so that the typed pass below can
+    // report the full path of a bad or unknown field.
+    let tree: serde_json::Value = if text.trim().is_empty() {
+        serde_json::Value::Object(Default::default())
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.into(),
+            message: e.to_string(),
+        })?
+    };
+    if !tree.is_object() {
+        return Err(ConfigError::Syntax {
+            path: path.into(),
+            message: "the document must be a mapping".into(),
+        });
+    }
+    let mut unknown = Vec::new();
+    let mut note_unknown = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
+    let de = serde_ignored::Deserializer::new(&tree, &mut note_unknown);
+    let cfg: KubeletConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let msg = e.into_inner().to_string();
+        field_err(field, msg)
+    })?;
+    for u in unknown {
+        warn(format!(
+            "config file {path}: unknown or unsupported field {u:?} ignored"
+        ));
+    }
+    if cfg.api_version != API_VERSION {
+        return Err(field_err(
+            "apiVersion",
+            format!("{:?} is not {API_VERSION:?}", cfg.api_version),
+        ));
+    }
+    if cfg.kind != KIND {
+        return Err(field_err("kind", format!("{:?} is not {KIND:?}", cfg.kind)));
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Parsed eviction thresholds, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EvictionThresholds {
+    pub hard: BTreeMap<String, ThresholdValue>,
+    pub soft: BTreeMap<String, (ThresholdValue, std::time::Duration)>,
+    pub minimum_reclaim: BTreeMap<String, ThresholdValue>,
+}
+
+impl KubeletConfiguration {
+    /// The hard thresholds in force: the configured ones, or upstream's
+    /// defaults when `evictionHard` is not set (setting any entry replaces
+    /// all defaults, as upstream).
+    pub fn eviction_hard_effective(&self) -> BTreeMap<String, String> {
+        match &self.eviction_hard {
+            Some(m) => m.clone(),
+            None => DEFAULT_EVICTION_HARD
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// Parses and checks the eviction settings.
+    pub fn eviction_thresholds(&self) -> Result<EvictionThresholds, ConfigError> {
+        fn values(
+            field: &str,
+            m: &BTreeMap<String, String>,
+        ) -> Result<BTreeMap<String, ThresholdValue>, ConfigError> {
+            m.iter()
+                .map(|(k, v)| {
+                    if !EVICTION_SIGNALS.contains(&k.as_str()) {
+                        return Err(field_err(
+                            format!("{field}[{k}]"),
+                            format!("unknown eviction signal; known: {}", EVICTION_SIGNALS.join(", ")),
+                        ));
+                    }
+                    let t = ThresholdValue::parse(v)
+                        .map_err(|e| field_err(format!("{field}[{k}]"), e))?;
+                    Ok((k.clone(), t))
+                })
+                .collect()
+        }
+        let hard = values("evictionHard", &self.eviction_hard_effective())?;
+        let soft_values = values("evictionSoft", &self.eviction_soft)?;
+        let minimum_reclaim = values("evictionMinimumReclaim", &self.eviction_minimum_reclaim)?;
+        for k in self.eviction_soft_grace_period.keys() {
+            if !self.eviction_soft.contains_key(k) {
+                return Err(field_err(
+                    format!("evictionSoftGracePeriod[{k}]"),
+                    "grace period for a signal that has no evictionSoft threshold",
+                ));
+            }
+        }
+        let mut soft = BTreeMap::new();
+        for (k, v) in soft_values {
+            let field = format!("evictionSoftGracePeriod[{k}]");
+            let grace = self.eviction_soft_grace_period.get(&k).ok_or_else(|| {
+                field_err(
+                    field.clone(),
+                    format!("soft eviction threshold evictionSoft[{k}] needs a grace period"),
+                )
+            })?;
+            let grace = units::parse_go_duration(grace).map_err(|e| field_err(field, e))?;
+            soft.insert(k, (v, grace));
+        }
+        Ok(EvictionThresholds {
+            hard,
+            soft,
+            minimum_reclaim,
+        })
+    }
+
+    /// Checks every field's value; the first problem is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let port = |field: &str, v: i32, zero_ok: bool| {
+            if (zero_ok && v == 0) || (1..=65535).contains(&v) {
+                Ok(())
+            } else {
+                Err(field_err(field, format!("{v} is not a valid port")))
+            }
+        };
+        port("port", self.port, false)?;
+        port("readOnlyPort", self.read_only_port, true)?;
+        port("healthzPort", self.healthz_port, true)?;
+        for (field, addr) in [
+            ("address", &self.address),
+            ("healthzBindAddress", &self.healthz_bind_address),
+        ] {
+            addr.parse::<IpAddr>()
+                .map_err(|_| field_err(field, format!("{addr:?} is not an IP address")))?;
+        }
+        for (i, ip) in self.cluster_dns.iter().enumerate() {
+            ip.parse::<IpAddr>().map_err(|_| {
+                field_err(format!("clusterDNS[{i}]"), format!("{ip:?} is not an IP address"))
+            })?;
+        }
+        if !self.cluster_domain.is_empty()
+            && validate_qualified_name(&format!("{}/x", self.cluster_domain)).is_err()
+        {
+            return Err(field_err(
+                "clusterDomain",
+                format!("{:?} is not a DNS domain", self.cluster_domain),
+            ));
+        }
+        if self.max_pods <= 0 {
+            return Err(field_err("maxPods", format!("{} must be positive", self.max_pods)));
+        }
+        if self.pod_pids_limit == 0 || self.pod_pids_limit < -1 {
+            return Err(field_err(
+                "podPidsLimit",
+                format!("{} must be -1 (unlimited) or positive", self.pod_pids_limit),
+            ));
+        }
+        if self.node_lease_duration_seconds <= 0 {
+            return Err(field_err(
+                "nodeLeaseDurationSeconds",
+                format!("{} must be positive", self.node_lease_duration_seconds),
+            ));
+        }
+        for (field, d) in [
+            ("nodeStatusUpdateFrequency", self.node_status_update_frequency),
+            ("nodeStatusReportFrequency", self.node_status_report_frequency),
+            ("syncFrequency", self.sync_frequency),
+            ("fileCheckFrequency", self.file_check_frequency),
+        ] {
+            if d.0.is_zero() {
+                return Err(field_err(field, "must be greater than 0"));
+            }
+        }
+        if self.streaming_connection_idle_timeout.0.is_zero() {
+            return Err(field_err(
+                "streamingConnectionIdleTimeout",
+                "must be greater than 0 (0 would keep idle streams open forever)",
+            ));
+        }
+        let (hi, lo) = (
+            self.image_gc_high_threshold_percent,
+            self.image_gc_low_threshold_percent,
+        );
+        if !(0..=100).contains(&hi) {
+            return Err(field_err("imageGCHighThresholdPercent", format!("{hi} must be between 0 and 100")));
+        }
+        if !(0..=100).contains(&lo) {
+            return Err(field_err("imageGCLowThresholdPercent", format!("{lo} must be between 0 and 100")));
+        }
+        if lo > hi {
+            return Err(field_err(
+                "imageGCLowThresholdPercent",
+                format!("{lo} must not exceed imageGCHighThresholdPercent ({hi})"),
+            ));
+        }
+        if !["cgroupfs", "systemd"].contains(&self.cgroup_driver.as_str()) {
+            return Err(field_err(
+                "cgroupDriver",
+                format!("{:?} must be \"cgroupfs\" or \"systemd\"", self.cgroup_driver),
+            ));
+        }
+        if !["Webhook", "AlwaysAllow"].contains(&self.authorization.mode.as_str()) {
+            return Err(field_err(
+                "authorization.mode",
+                format!("{:?} must be \"Webhook\" or \"AlwaysAllow\"", self.authorization.mode),
+            ));
+        }
+        parse_quantity(&self.container_log_max_size)
+            .map_err(|e| field_err("containerLogMaxSize", e))?;
+        if self.container_log_max_files < 2 {
+            return Err(field_err(
+                "containerLogMaxFiles",
+                format!("{} must be at least 2", self.container_log_max_files),
+            ));
+        }
+        if self.eviction_max_pod_grace_period < 0 {
+            return Err(field_err("evictionMaxPodGracePeriod", "must not be negative"));
+        }
+        for (field, m) in [("systemReserved", &self.system_reserved), ("kubeReserved", &self.kube_reserved)] {
+            for (k, v) in m {
+                if !["cpu", "memory", "ephemeral-storage", "pid"].contains(&k.as_str()) {
+                    return Err(field_err(format!("{field}[{k}]"), "unknown resource"));
+                }
+                parse_quantity(v).map_err(|e| field_err(format!("{field}[{k}]"), e))?;
+            }
+        }
+        for (i, t) in self.register_with_taints.iter().enumerate() {
+            t.validate().map_err(|e| field_err(format!("registerWithTaints[{i}]"), e))?;
+        }
+        if !["text", "json"].contains(&self.logging.format.as_str()) {
+            return Err(field_err(
+                "logging.format",
+                format!("{:?} must be \"text\" or \"json\"", self.logging.format),
+            ));
+        }
+        self.eviction_thresholds()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_ok(text: &str) -> (KubeletConfiguration, Vec<String>) {
+        let mut warnings = Vec::new();
+        let cfg = parse(text, "test.yaml", &mut |w| warnings.push(w)).unwrap();
+        (cfg, warnings)
+    }
+
+    fn parse_err(text: &str) -> String {
+        parse(text, "test.yaml", &mut |_| {}).unwrap_err().to_string()
+    }
+
+    const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+
+    #[test]
+    fn empty_file_gives_upstream_defaults() {
+        let (cfg, w) = parse_ok(HEAD);
+        assert!(w.is_empty());
+        assert_eq!(cfg, KubeletConfiguration::default());
+        assert_eq!(cfg.node_status_update_frequency, GoDuration::secs(10));
+        assert_eq!(cfg.node_status_report_frequency, GoDuration::secs(300));
+        assert_eq!(cfg.node_lease_duration_seconds, 40);
+        assert_eq!(cfg.max_pods, 110);
+        assert_eq!(cfg.healthz_port, 10248);
+        assert_eq!(cfg.read_only_port, 0);
+        assert!(!cfg.authentication.anonymous.enabled);
+        assert_eq!(cfg.authorization.mode, "Webhook");
+        let ev = cfg.eviction_thresholds().unwrap();
+        assert_eq!(ev.hard["memory.available"], ThresholdValue::Quantity(100 << 20));
+        assert_eq!(ev.hard["nodefs.available"], ThresholdValue::Percent(0.10));
+        assert_eq!(ev.hard["imagefs.available"], ThresholdValue::Percent(0.15));
+        assert_eq!(ev.hard["nodefs.inodesFree"], ThresholdValue::Percent(0.05));
+    }
+
+    #[test]
+    fn reads_every_implemented_field() {
+        let (cfg, w) = parse_ok(&format!(
+            "{HEAD}staticPodPath: /etc/kinglet/manifests
+nodeStatusUpdateFrequency: 5s
+nodeStatusReportFrequency: 1m
+nodeLeaseDurationSeconds: 20
+maxPods: 30
+podPidsLimit: 1024
+evictionHard:
+  memory.available: 50Mi
+evictionSoft:
+  memory.available: 200Mi
+evictionSoftGracePeriod:
+  memory.available: 30s
+evictionMinimumReclaim:
+  memory.available: 20Mi
+evictionPressureTransitionPeriod: 30s
+imageGCHighThresholdPercent: 70
+imageGCLowThresholdPercent: 60
+containerLogMaxSize: 1Mi
+containerLogMaxFiles: 3
+clusterDNS: [10.96.0.10]
+clusterDomain: cluster.local
+cgroupDriver: systemd
+authentication:
+  x509: {{clientCAFile: /etc/kinglet/ca.crt}}
+  anonymous: {{enabled: false}}
+authorization: {{mode: Webhook}}
+readOnlyPort: 0
+rotateCertificates: true
+healthzBindAddress: 127.0.0.1
+healthzPort: 10249
+"
+        ));
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(cfg.static_pod_path, "/etc/kinglet/manifests");
+        assert_eq!(cfg.node_status_update_frequency, GoDuration::secs(5));
+        assert_eq!(cfg.node_lease_duration_seconds, 20);
+        assert_eq!(cfg.max_pods, 30);
+        assert_eq!(cfg.pod_pids_limit, 1024);
+        assert_eq!(cfg.cluster_dns, ["10.96.0.10"]);
+        assert_eq!(cfg.authentication.x509.client_ca_file, "/etc/kinglet/ca.crt");
+        assert!(cfg.rotate_certificates);
+        assert_eq!(cfg.healthz_port, 10249);
+        let ev = cfg.eviction_thresholds().unwrap();
+        // Setting evictionHard replaces every default.
+        assert_eq!(ev.hard.len(), 1);
+        assert_eq!(ev.soft["memory.available"].1, std::time::Duration::from_secs(30));
+        assert_eq!(ev.minimum_reclaim["memory.available"], ThresholdValue::Quantity(20 << 20));
+    }
+
+    #[test]
+    fn json_is_accepted_too() {
+        let (cfg, _) = parse_ok(
+            r#"{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","maxPods":12}"#,
+        );
+        assert_eq!(cfg.max_pods, 12);
+    }
+
+    #[test]
+    fn unknown_fields_warn_but_load() {
+        let (cfg, w) = parse_ok(&format!("{HEAD}maxPods: 10\ncpuManagerPolicy: static\nauthentication:\n  frobnicate: 1\n"));
+        assert_eq!(cfg.max_pods, 10);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("authentication.frobnicate") || w[1].contains("authentication.frobnicate"));
+        assert!(w.iter().any(|m| m.contains("cpuManagerPolicy")));
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases: &[(&str, &str)] = &[
+            ("maxPods: lots", "maxPods"),
+            ("maxPods: 0", "maxPods"),
+            ("evictionHard: {memory.available: plenty}", "evictionHard[memory.available]"),
+            ("evictionHard: {memory.free: 1Gi}", "evictionHard[memory.free]"),
+            ("evictionSoft: {memory.available: 1Gi}", "evictionSoftGracePeriod[memory.available]"),
+            (
+                "evictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: soon}",
+                "evictionSoftGracePeriod[memory.available]",
+            ),
+            ("evictionSoftGracePeriod: {memory.available: 1m}", "evictionSoftGracePeriod[memory.available]"),
+            ("evictionMinimumReclaim: {nodefs.available: much}", "evictionMinimumReclaim[nodefs.available]"),
+            ("nodeStatusUpdateFrequency: often", "nodeStatusUpdateFrequency"),
+            ("nodeStatusReportFrequency: 0s", "nodeStatusReportFrequency"),
+            ("nodeLeaseDurationSeconds: -1", "nodeLeaseDurationSeconds"),
+            ("podPidsLimit: 0", "podPidsLimit"),
+            ("imageGCHighThresholdPercent: 101", "imageGCHighThresholdPercent"),
+            ("imageGCLowThresholdPercent: 90", "imageGCLowThresholdPercent"),
+            ("containerLogMaxSize: huge", "containerLogMaxSize"),
+            ("containerLogMaxFiles: 1", "containerLogMaxFiles"),
+            ("clusterDNS: [not-an-ip]", "clusterDNS[0]"),
+            ("clusterDomain: 'bad domain'", "clusterDomain"),
+            ("cgroupDriver: openrc", "cgroupDriver"),
+            ("authorization: {mode: Maybe}", "authorization.mode"),
+            ("authentication: {anonymous: {enabled: perhaps}}", "authentication.anonymous.enabled"),
+            ("readOnlyPort: 70000", "readOnlyPort"),
+            ("healthzPort: -2", "healthzPort"),
+            ("healthzBindAddress: localhost", "healthzBindAddress"),
+            ("streamingConnectionIdleTimeout: 0s", "streamingConnectionIdleTimeout"),
+            ("registerWithTaints: [{key: a, effect: Sometimes}]", "registerWithTaints[0]"),
+            ("kubeReserved: {memory: lots}", "kubeReserved[memory]"),
+            ("logging: {format: xml}", "logging.format"),
+        ];
+        for (body, field) in cases {
+            let err = parse_err(&format!("{HEAD}{body}\n"));
+            assert!(
+                err.contains(&format!("field {field}:")),
+                "{body:?}: error {err:?} does not name {field}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_kind_or_version_is_refused() {
+        assert!(parse_err("apiVersion: v1\nkind: KubeletConfiguration\n").contains("apiVersion"));
+        assert!(parse_err("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n").contains("kind"));
+        assert!(parse_err("- a\n- b\n").contains("mapping"));
+        assert!(parse_err("{{{").contains("not valid YAML"));
+    }
+
+    #[test]
+    fn taint_syntax() {
+        let t = Taint::parse("dedicated=edge:NoSchedule").unwrap();
+        assert_eq!((t.key.as_str(), t.value.as_str(), t.effect.as_str()), ("dedicated", "edge", "NoSchedule"));
+        let t = Taint::parse("example.com/gpu:NoExecute").unwrap();
+        assert_eq!(t.value, "");
+        for bad in ["novalue", "a=b:Never", "=b:NoSchedule", "a b=c:NoSchedule"] {
+            assert!(Taint::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

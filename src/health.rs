@@ -1,0 +1,125 @@
+//! The local health endpoint (`/healthz` on `127.0.0.1:10248` by default),
+//! answered from a heartbeat the node status loop beats every round, so a
+//! wedged loop shows up as unhealthy rather than a cheerful `ok`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// Liveness of the main loop: the last beat, in ms since `start`.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    start: Instant,
+    last_ms: Arc<AtomicU64>,
+    max_age: Duration,
+}
+
+impl Heartbeat {
+    /// A heartbeat that counts as stale after `max_age` without a beat. It
+    /// starts fresh, so start-up is not reported as a failure.
+    pub fn new(max_age: Duration) -> Self {
+        Heartbeat {
+            start: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+            max_age,
+        }
+    }
+
+    pub fn beat(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn healthy(&self) -> bool {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.start.elapsed().saturating_sub(last) <= self.max_age
+    }
+}
+
+fn respond(hb: &Heartbeat, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let (code, body) = match req.uri().path() {
+        "/healthz" if hb.healthy() => (StatusCode::OK, "ok"),
+        // Upstream's wording when its sync loop check fails.
+        "/healthz" => (StatusCode::INTERNAL_SERVER_ERROR, "[-]syncloop failed: reason withheld\nhealthz check failed\n"),
+        _ => (StatusCode::NOT_FOUND, "404 page not found\n"),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// Binds the endpoint; fails at start if the address is taken.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves `/healthz` until `shutdown`.
+pub async fn serve(listener: TcpListener, hb: Heartbeat, shutdown: CancellationToken) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => { debug!(error = %e, "healthz accept failed"); continue; }
+            },
+        };
+        let hb = hb.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let resp = respond(&hb, &req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn healthz_follows_the_heartbeat() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let hb = Heartbeat::new(Duration::from_millis(200));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(serve(l, hb.clone(), stop.clone()));
+        let r = get(addr, "/healthz").await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"), "{r}");
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 500"));
+        hb.beat();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        stop.cancel();
+        task.await.unwrap();
+    }
+}

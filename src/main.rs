@@ -1,0 +1,212 @@
+//! kinglet: a kubelet for small machines.
+//!
+//! `main` is the edge: it parses flags and config (exiting with a message on
+//! bad input, before any API call), sets up logging, picks the runtime, and
+//! runs the node agent and local endpoints until SIGTERM.
+
+mod backoff;
+mod config;
+mod health;
+mod node;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use kinglet_runtime::Runtime;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
+
+fn main() -> ExitCode {
+    let flags = Flags::parse();
+    let mut warnings = Vec::new();
+    let hostname = || sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into());
+    let settings = match flags.settings(hostname, &mut |w| warnings.push(w)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("kinglet: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    init_logging(&settings.config.logging);
+    for w in warnings {
+        warn!("{w}");
+    }
+    // One thread: a node agent waits on the network and the kernel; a second
+    // thread would only cost memory on the small machines kinglet runs on.
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kinglet: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("kinglet: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(cfg: &config::Logging) {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match cfg.verbosity {
+        0 | 1 => LevelFilter::INFO,
+        2..=4 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    if cfg.format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(s: Settings) -> anyhow::Result<()> {
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        kubernetes = KUBERNETES_VERSION,
+        node = %s.node_name,
+        root_dir = %s.root_dir.display(),
+        "starting kinglet"
+    );
+    std::fs::create_dir_all(&s.root_dir)
+        .with_context(|| format!("cannot create root dir {}", s.root_dir.display()))?;
+
+    let runtime: Arc<dyn Runtime> = match s.runtime {
+        RuntimeKind::Oci => Arc::new(kinglet_runtime_oci::OciRuntime::new(
+            s.root_dir.join("runtime/oci"),
+            "/sys/fs/cgroup",
+        )),
+        RuntimeKind::Cri => anyhow::bail!(
+            "--runtime cri: the containerd (CRI) runtime is not part of this build yet; use --runtime oci"
+        ),
+    };
+
+    let shutdown = CancellationToken::new();
+    let cfg = &s.config;
+    let update = cfg.node_status_update_frequency.0;
+    let heartbeat = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
+    let mut tasks = Vec::new();
+
+    if cfg.healthz_port != 0 {
+        let ip = cfg.healthz_bind_address.parse().context("healthzBindAddress")?;
+        let addr = SocketAddr::new(ip, cfg.healthz_port as u16);
+        let listener = health::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for /healthz"))?;
+        info!(%addr, "serving /healthz");
+        tasks.push(tokio::spawn(health::serve(listener, heartbeat.clone(), shutdown.clone())));
+    }
+
+    match &s.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
+            let client = kube::Client::try_from(client_cfg)
+                .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+            let host = node::host::HostPaths::default();
+            let machine = host.machine_info();
+            let agent = node::NodeAgent {
+                client,
+                template: node::NodeTemplate::from_settings(&s),
+                runtime,
+                host,
+                root_dir: s.root_dir.clone(),
+                status: node::status::StatusConfig {
+                    machine,
+                    max_pods: cfg.max_pods,
+                    kubelet_version: format!("{KUBERNETES_VERSION}+kinglet-{}", env!("CARGO_PKG_VERSION")),
+                    kubelet_port: cfg.port,
+                    addresses: node::host::node_addresses(s.node_ip, &s.node_name),
+                    thresholds: cfg.eviction_thresholds()?,
+                    reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
+                    pressure_transition: cfg.eviction_pressure_transition_period.0,
+                },
+                update_frequency: update,
+                report_frequency: cfg.node_status_report_frequency.0,
+                lease_duration_seconds: cfg.node_lease_duration_seconds,
+                heartbeat: heartbeat.clone(),
+            };
+            tasks.push(tokio::spawn(agent.run(shutdown.clone())));
+        }
+        None => {
+            info!("no --kubeconfig: standalone mode, no API server");
+            // Nothing else beats in standalone mode yet; keep /healthz honest
+            // by beating while the runtime answers.
+            let hb = heartbeat.clone();
+            let stop = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    if runtime.status().await.is_ok() {
+                        hb.beat();
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(update) => {}
+                    }
+                }
+            }));
+        }
+    }
+
+    notify_systemd("READY=1");
+    wait_for_signal().await?;
+    info!("shutting down");
+    notify_systemd("STOPPING=1");
+    shutdown.cancel();
+    // In-flight API calls get a short grace; SIGTERM must end us within 5 s.
+    let all = futures::future::join_all(tasks);
+    if tokio::time::timeout(Duration::from_secs(3), all).await.is_err() {
+        warn!("tasks did not stop within 3s; exiting anyway");
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+/// Tells systemd (Type=notify) about our state; a no-op outside systemd.
+fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let bytes = path.as_encoded_bytes();
+    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = result {
+        warn!(error = %e, "cannot notify systemd");
+    }
+}

@@ -1,0 +1,423 @@
+//! The node agent: registers this machine as a Node, keeps its status current
+//! and its Lease renewed, and re-registers if the Node is deleted.
+//!
+//! One writer per object: the status task alone writes the Node and its
+//! status, the lease task alone writes the Lease. A watch on the own Node
+//! (no polling) tells the status task when an admin deleted it.
+
+pub mod host;
+pub mod lease;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, ObjectReference, Taint as ApiTaint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::Client;
+use kinglet_runtime::Runtime;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::config::flags::Settings;
+use crate::health::Heartbeat;
+use host::HostPaths;
+use status::{Readings, StatusBuilder, StatusConfig, change_key};
+
+/// The static part of the Node object kinglet registers.
+#[derive(Clone, Debug)]
+pub struct NodeTemplate {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub taints: Vec<ApiTaint>,
+}
+
+impl NodeTemplate {
+    /// Default labels (hostname, os, arch) plus `--node-labels`; taints from
+    /// `registerWithTaints`.
+    pub fn from_settings(s: &Settings) -> Self {
+        let arch = host::go_arch();
+        let mut labels = BTreeMap::from([
+            ("kubernetes.io/hostname".to_string(), s.node_name.clone()),
+            ("kubernetes.io/os".to_string(), "linux".to_string()),
+            ("kubernetes.io/arch".to_string(), arch.to_string()),
+            ("beta.kubernetes.io/os".to_string(), "linux".to_string()),
+            ("beta.kubernetes.io/arch".to_string(), arch.to_string()),
+        ]);
+        labels.extend(s.node_labels.clone());
+        let annotations = BTreeMap::from([(
+            "volumes.kubernetes.io/controller-managed-attach-detach".to_string(),
+            "true".to_string(),
+        )]);
+        let taints = s
+            .config
+            .register_with_taints
+            .iter()
+            .map(|t| ApiTaint {
+                key: t.key.clone(),
+                value: (!t.value.is_empty()).then(|| t.value.clone()),
+                effect: t.effect.clone(),
+                time_added: None,
+            })
+            .collect();
+        NodeTemplate {
+            name: s.node_name.clone(),
+            labels,
+            annotations,
+            taints,
+        }
+    }
+
+    fn node(&self, status: NodeStatus) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                labels: Some(self.labels.clone()),
+                annotations: Some(self.annotations.clone()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: (!self.taints.is_empty()).then(|| self.taints.clone()),
+                ..Default::default()
+            }),
+            status: Some(status),
+        }
+    }
+
+    /// A merge patch adding the labels and annotations an existing Node lacks
+    /// or has different; `None` if it already agrees. Taints are left alone
+    /// once registered, as upstream does: admins own them from then on.
+    fn reconcile_patch(&self, existing: &Node) -> Option<serde_json::Value> {
+        let differs = |want: &BTreeMap<String, String>, have: &Option<BTreeMap<String, String>>| {
+            let have = have.clone().unwrap_or_default();
+            want.iter()
+                .filter(|(k, v)| have.get(*k) != Some(v))
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect::<serde_json::Map<_, _>>()
+        };
+        let labels = differs(&self.labels, &existing.metadata.labels);
+        let annotations = differs(&self.annotations, &existing.metadata.annotations);
+        if labels.is_empty() && annotations.is_empty() {
+            return None;
+        }
+        Some(serde_json::json!({"metadata": {"labels": labels, "annotations": annotations}}))
+    }
+}
+
+/// Everything the agent needs, assembled by `main`.
+pub struct NodeAgent {
+    pub client: Client,
+    pub template: NodeTemplate,
+    pub runtime: Arc<dyn Runtime>,
+    pub host: HostPaths,
+    pub root_dir: PathBuf,
+    pub status: StatusConfig,
+    pub update_frequency: Duration,
+    pub report_frequency: Duration,
+    pub lease_duration_seconds: i32,
+    pub heartbeat: Heartbeat,
+}
+
+impl NodeAgent {
+    /// Runs registration, status, lease and node watch until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let (uid_tx, uid_rx) = watch::channel::<Option<String>>(None);
+        let lease = tokio::spawn(lease::run(
+            self.client.clone(),
+            self.template.name.clone(),
+            self.lease_duration_seconds,
+            uid_rx,
+            shutdown.clone(),
+        ));
+        let (gone_tx, gone_rx) = watch::channel(());
+        let watch = tokio::spawn(watch_own_node(
+            self.client.clone(),
+            self.template.name.clone(),
+            gone_tx,
+            shutdown.clone(),
+        ));
+        self.status_loop(uid_tx, gone_rx, shutdown).await;
+        let _ = lease.await;
+        let _ = watch.await;
+    }
+
+    async fn readings(&self) -> Readings {
+        let runtime = self.runtime.status().await;
+        let runtime_version = match self.runtime.version().await {
+            Ok(v) => v.node_info(),
+            Err(_) => String::new(),
+        };
+        Readings {
+            memory: self.host.meminfo(),
+            nodefs: host::fs_stats(&self.root_dir).ok(),
+            pids: self.host.pids(),
+            runtime,
+            runtime_version,
+        }
+    }
+
+    async fn status_loop(
+        self,
+        uid_tx: watch::Sender<Option<String>>,
+        mut gone: watch::Receiver<()>,
+        shutdown: CancellationToken,
+    ) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let name = self.template.name.clone();
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "kubelet".into(),
+                instance: Some(name.clone()),
+            },
+        );
+        let mut builder = StatusBuilder::new(self.status.clone());
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
+        let mut registered_uid: Option<String> = None;
+        let mut last_sent: Option<(NodeStatus, Instant)> = None;
+        let mut last_conditions: BTreeMap<String, String> = BTreeMap::new();
+        let mut started_event = false;
+        gone.mark_unchanged();
+
+        loop {
+            let readings = self.readings().await;
+            let status = builder.build(&readings, Instant::now(), Time(jiff::Timestamp::now()));
+            self.heartbeat.beat();
+
+            let result = match &registered_uid {
+                None => register(&api, &self.template, status.clone()).await.map(Some),
+                Some(_) => {
+                    let due = last_sent.as_ref().is_none_or(|(s, at)| {
+                        change_key(s) != change_key(&status) || at.elapsed() >= self.report_frequency
+                    });
+                    if due {
+                        patch_status(&api, &name, &status).await.map(|_| None)
+                    } else {
+                        Ok(None)
+                    }
+                }
+            };
+            let mut wait = self.update_frequency;
+            match result {
+                Ok(Some(uid)) => {
+                    info!(node = %name, %uid, "node registered");
+                    registered_uid = Some(uid.clone());
+                    uid_tx.send_replace(Some(uid));
+                    last_sent = Some((status.clone(), Instant::now()));
+                    backoff.reset();
+                }
+                Ok(None) => {
+                    if last_sent.as_ref().is_none_or(|(s, _)| s != &status) {
+                        last_sent = Some((status.clone(), Instant::now()));
+                    }
+                    backoff.reset();
+                }
+                Err(e) if is_not_found(&e) => {
+                    warn!(node = %name, "node object is gone; registering again");
+                    registered_uid = None;
+                    uid_tx.send_replace(None);
+                    last_sent = None;
+                    wait = Duration::ZERO;
+                }
+                Err(e) => {
+                    warn!(node = %name, error = %e, "unable to update node status, will retry");
+                    wait = backoff.next_delay().min(self.update_frequency);
+                }
+            }
+
+            if let Some(uid) = &registered_uid {
+                let reference = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Node".into()),
+                    name: Some(name.clone()),
+                    uid: Some(uid.clone()),
+                    ..Default::default()
+                };
+                if !started_event {
+                    started_event = true;
+                    publish(&recorder, &reference, EventType::Normal, "Starting", "Starting kinglet.".into());
+                }
+                for c in status.conditions.iter().flatten() {
+                    let reason = c.reason.clone().unwrap_or_default();
+                    if last_conditions.get(&c.type_) != Some(&reason) {
+                        last_conditions.insert(c.type_.clone(), reason.clone());
+                        let (event_reason, kind) = node_event(&c.type_, &c.status);
+                        publish(
+                            &recorder,
+                            &reference,
+                            kind,
+                            event_reason,
+                            format!("Node {name} status is now: {event_reason}"),
+                        );
+                    }
+                }
+            }
+
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+                r = gone.changed() => {
+                    if r.is_err() { return }
+                    if registered_uid.take().is_some() {
+                        warn!(node = %name, "node object was deleted; registering again");
+                        uid_tx.send_replace(None);
+                        last_sent = None;
+                        last_conditions.clear();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The upstream event reason for a node condition's state.
+fn node_event(type_: &str, status: &str) -> (&'static str, EventType) {
+    let t = status == "True";
+    match (type_, t) {
+        ("Ready", true) => ("NodeReady", EventType::Normal),
+        ("Ready", false) => ("NodeNotReady", EventType::Normal),
+        ("MemoryPressure", false) => ("NodeHasSufficientMemory", EventType::Normal),
+        ("MemoryPressure", true) => ("NodeHasInsufficientMemory", EventType::Normal),
+        ("DiskPressure", false) => ("NodeHasNoDiskPressure", EventType::Normal),
+        ("DiskPressure", true) => ("NodeHasDiskPressure", EventType::Normal),
+        ("PIDPressure", false) => ("NodeHasSufficientPID", EventType::Normal),
+        ("PIDPressure", true) => ("NodeHasInsufficientPID", EventType::Normal),
+        _ => ("NodeConditionChanged", EventType::Normal),
+    }
+}
+
+/// Publishes an event without holding up the caller; a lost event is logged.
+fn publish(recorder: &Recorder, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    let recorder = recorder.clone();
+    let reference = reference.clone();
+    let ev = KubeEvent {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            debug!(error = %e, reason = %ev.reason, "could not record event");
+        }
+    });
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Creates the Node, or adopts one left by an earlier run (reconciling its
+/// labels) as upstream's `registerWithAPIServer` does. Returns the Node UID.
+async fn register(api: &Api<Node>, template: &NodeTemplate, status: NodeStatus) -> Result<String, kube::Error> {
+    let name = &template.name;
+    match api.create(&PostParams::default(), &template.node(status.clone())).await {
+        Ok(n) => return Ok(n.metadata.uid.unwrap_or_default()),
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let existing = api.get(name).await?;
+    let mut uid = existing.metadata.uid.clone().unwrap_or_default();
+    if let Some(patch) = template.reconcile_patch(&existing) {
+        info!(node = %name, "reconciling labels of the existing node");
+        let n = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        uid = n.metadata.uid.unwrap_or(uid);
+    }
+    patch_status(api, name, &status).await?;
+    Ok(uid)
+}
+
+async fn patch_status(api: &Api<Node>, name: &str, status: &NodeStatus) -> Result<(), kube::Error> {
+    // A merge patch replaces the lists kinglet owns (conditions, addresses)
+    // and leaves fields other writers own (volumesAttached) untouched.
+    let patch = serde_json::json!({ "status": status });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Watches the own Node and signals `gone` when it is deleted or missing
+/// from a fresh list.
+async fn watch_own_node(client: Client, name: String, gone: watch::Sender<()>, shutdown: CancellationToken) {
+    let api: Api<Node> = Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, cfg).default_backoff().boxed();
+    let mut seen_in_list = false;
+    loop {
+        let ev = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            ev = stream.next() => ev,
+        };
+        match ev {
+            None => return,
+            Some(Err(e)) => debug!(error = %e, "node watch interrupted"),
+            Some(Ok(watcher::Event::Init)) => seen_in_list = false,
+            Some(Ok(watcher::Event::InitApply(_))) => seen_in_list = true,
+            Some(Ok(watcher::Event::InitDone)) => {
+                if !seen_in_list {
+                    gone.send_replace(());
+                }
+            }
+            Some(Ok(watcher::Event::Apply(_))) => {}
+            Some(Ok(watcher::Event::Delete(_))) => {
+                gone.send_replace(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::flags::Flags;
+    use clap::Parser;
+
+    fn template(args: &[&str]) -> NodeTemplate {
+        let mut argv = vec!["kinglet"];
+        argv.extend_from_slice(args);
+        let s = Flags::try_parse_from(argv).unwrap().settings(|| "pi".into(), &mut |_| {}).unwrap();
+        NodeTemplate::from_settings(&s)
+    }
+
+    #[test]
+    fn template_has_default_labels_and_taints() {
+        let t = template(&["--node-labels", "site=lab", "--register-with-taints", "edge=yes:NoSchedule"]);
+        assert_eq!(t.labels["kubernetes.io/hostname"], "pi");
+        assert_eq!(t.labels["kubernetes.io/os"], "linux");
+        assert_eq!(t.labels["kubernetes.io/arch"], host::go_arch());
+        assert_eq!(t.labels["site"], "lab");
+        assert_eq!(t.taints[0].key, "edge");
+        assert_eq!(t.taints[0].value.as_deref(), Some("yes"));
+        let node = t.node(NodeStatus::default());
+        assert_eq!(node.spec.unwrap().taints.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn reconcile_patch_only_when_labels_differ() {
+        let t = template(&["--node-labels", "site=lab"]);
+        let mut existing = t.node(NodeStatus::default());
+        assert!(t.reconcile_patch(&existing).is_none());
+        existing.metadata.labels.as_mut().unwrap().insert("site".into(), "old".into());
+        existing.metadata.labels.as_mut().unwrap().insert("admin-added".into(), "x".into());
+        let p = t.reconcile_patch(&existing).unwrap();
+        assert_eq!(p["metadata"]["labels"], serde_json::json!({"site": "lab"}));
+    }
+
+    #[test]
+    fn node_events_use_upstream_reasons() {
+        assert_eq!(node_event("Ready", "True").0, "NodeReady");
+        assert_eq!(node_event("Ready", "False").0, "NodeNotReady");
+        assert_eq!(node_event("MemoryPressure", "False").0, "NodeHasSufficientMemory");
+        assert_eq!(node_event("DiskPressure", "True").0, "NodeHasDiskPressure");
+        assert_eq!(node_event("PIDPressure", "False").0, "NodeHasSufficientPID");
+    }
+}

@@ -1,0 +1,495 @@
+//! The node's status as the kubelet reports it: capacity and allocatable,
+//! nodeInfo, addresses and the four conditions (`Ready`, `MemoryPressure`,
+//! `DiskPressure`, `PIDPressure`) with upstream's reasons and messages.
+//!
+//! Pure computation: the agent feeds in readings, this module turns them into
+//! a `NodeStatus` and remembers when each condition last changed.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeStatus, NodeSystemInfo,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kinglet_runtime::{ConditionKind, RuntimeError, RuntimeStatus};
+
+use super::host::{FsStats, MachineInfo, MemInfo};
+use crate::config::{EvictionThresholds, ThresholdValue, parse_quantity};
+
+/// Everything the status is computed from, read fresh each round.
+#[derive(Debug)]
+pub struct Readings {
+    pub memory: MemInfo,
+    /// The filesystem of the root dir; `None` if it could not be read.
+    pub nodefs: Option<FsStats>,
+    /// (pid_max, pids in use).
+    pub pids: (u64, u64),
+    pub runtime: Result<RuntimeStatus, RuntimeError>,
+    /// `nodeInfo.containerRuntimeVersion`, once the runtime answered.
+    pub runtime_version: String,
+}
+
+/// Node settings that shape the status but never change while running.
+#[derive(Clone, Debug)]
+pub struct StatusConfig {
+    pub machine: MachineInfo,
+    pub max_pods: i32,
+    pub kubelet_version: String,
+    pub kubelet_port: i32,
+    pub addresses: Vec<(String, String)>,
+    pub thresholds: EvictionThresholds,
+    pub reserved: BTreeMap<String, u64>,
+    pub pressure_transition: Duration,
+}
+
+const MEMORY_SIGNALS: &[&str] = &["memory.available", "allocatableMemory.available"];
+const DISK_SIGNALS: &[&str] = &[
+    "nodefs.available",
+    "nodefs.inodesFree",
+    "imagefs.available",
+    "imagefs.inodesFree",
+    "containerfs.available",
+    "containerfs.inodesFree",
+];
+const PID_SIGNALS: &[&str] = &["pid.available"];
+
+/// Computes node status rounds, keeping condition transition times and the
+/// pressure hold-down between them.
+#[derive(Debug)]
+pub struct StatusBuilder {
+    cfg: StatusConfig,
+    /// type → (status, reason, last transition).
+    last: BTreeMap<&'static str, (String, Time)>,
+    /// When each pressure kind was last observed, for the transition period.
+    pressure_seen: BTreeMap<&'static str, Instant>,
+}
+
+fn ki(bytes: u64) -> Quantity {
+    Quantity(format!("{}Ki", bytes / 1024))
+}
+
+impl StatusBuilder {
+    pub fn new(cfg: StatusConfig) -> Self {
+        StatusBuilder {
+            cfg,
+            last: BTreeMap::new(),
+            pressure_seen: BTreeMap::new(),
+        }
+    }
+
+    /// Capacity and allocatable. Allocatable memory and storage leave room for
+    /// reservations and the hard eviction threshold, as upstream computes it.
+    fn resources(&self, nodefs: Option<FsStats>) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+        let m = &self.cfg.machine;
+        let mut cap = BTreeMap::new();
+        let mut alloc = BTreeMap::new();
+        cap.insert("cpu".to_string(), Quantity(m.cpus.to_string()));
+        let cpu_reserved_milli = self.cfg.reserved.get("cpu").copied().unwrap_or(0);
+        let cpu_alloc = (u64::from(m.cpus) * 1000).saturating_sub(cpu_reserved_milli);
+        alloc.insert(
+            "cpu".to_string(),
+            Quantity(if cpu_alloc % 1000 == 0 {
+                (cpu_alloc / 1000).to_string()
+            } else {
+                format!("{cpu_alloc}m")
+            }),
+        );
+
+        cap.insert("memory".into(), ki(m.memory_bytes));
+        let hard_mem = self
+            .cfg
+            .thresholds
+            .hard
+            .get("memory.available")
+            .map_or(0, |t| t.resolve(m.memory_bytes));
+        let hugepages: u64 = m.hugepages.values().sum();
+        let mem_alloc = m
+            .memory_bytes
+            .saturating_sub(self.cfg.reserved.get("memory").copied().unwrap_or(0))
+            .saturating_sub(hard_mem)
+            .saturating_sub(hugepages);
+        alloc.insert("memory".into(), ki(mem_alloc));
+
+        if let Some(fs) = nodefs {
+            cap.insert("ephemeral-storage".into(), ki(fs.capacity_bytes));
+            let hard_fs = self
+                .cfg
+                .thresholds
+                .hard
+                .get("nodefs.available")
+                .map_or(0, |t| t.resolve(fs.capacity_bytes));
+            let fs_alloc = fs
+                .capacity_bytes
+                .saturating_sub(self.cfg.reserved.get("ephemeral-storage").copied().unwrap_or(0))
+                .saturating_sub(hard_fs);
+            alloc.insert("ephemeral-storage".into(), Quantity(fs_alloc.to_string()));
+        }
+        for (size, bytes) in &m.hugepages {
+            let name = if size % (1 << 30) == 0 {
+                format!("hugepages-{}Gi", size >> 30)
+            } else if size % (1 << 20) == 0 {
+                format!("hugepages-{}Mi", size >> 20)
+            } else {
+                format!("hugepages-{}Ki", size >> 10)
+            };
+            cap.insert(name.clone(), Quantity(bytes.to_string()));
+            alloc.insert(name, Quantity(bytes.to_string()));
+        }
+        let pods = Quantity(self.cfg.max_pods.to_string());
+        cap.insert("pods".into(), pods.clone());
+        alloc.insert("pods".into(), pods);
+        (cap, alloc)
+    }
+
+    /// Whether any threshold (hard or soft) on these signals is crossed.
+    fn crossed(&self, signals: &[&str], r: &Readings) -> bool {
+        let observe = |signal: &str| -> Option<(u64, u64)> {
+            match signal {
+                "memory.available" | "allocatableMemory.available" => {
+                    Some((r.memory.available(), r.memory.total))
+                }
+                s if s.ends_with(".available") && s != "pid.available" => {
+                    r.nodefs.map(|f| (f.available_bytes, f.capacity_bytes))
+                }
+                s if s.ends_with(".inodesFree") => r.nodefs.map(|f| (f.inodes_free, f.inodes)),
+                "pid.available" => Some((r.pids.0.saturating_sub(r.pids.1), r.pids.0)),
+                _ => None,
+            }
+        };
+        let soft = self.cfg.thresholds.soft.iter().map(|(k, (v, _))| (k, v));
+        self.cfg
+            .thresholds
+            .hard
+            .iter()
+            .chain(soft)
+            .filter(|(k, _)| signals.contains(&k.as_str()))
+            .any(|(k, t): (&String, &ThresholdValue)| {
+                observe(k).is_some_and(|(avail, cap)| avail < t.resolve(cap))
+            })
+    }
+
+    /// A pressure condition that stays true for the transition period after
+    /// the threshold was last seen crossed, so it does not flap.
+    fn pressure(&mut self, kind: &'static str, crossed: bool, now: Instant) -> bool {
+        if crossed {
+            self.pressure_seen.insert(kind, now);
+        }
+        self.pressure_seen
+            .get(kind)
+            .is_some_and(|t| now.duration_since(*t) < self.cfg.pressure_transition)
+    }
+
+    fn condition(
+        &mut self,
+        type_: &'static str,
+        status: bool,
+        reason: &str,
+        message: String,
+        now: &Time,
+    ) -> NodeCondition {
+        let status = if status { "True" } else { "False" }.to_string();
+        let transition = match self.last.get(type_) {
+            Some((s, t)) if *s == status => t.clone(),
+            _ => now.clone(),
+        };
+        self.last.insert(type_, (status.clone(), transition.clone()));
+        NodeCondition {
+            type_: type_.into(),
+            status,
+            reason: Some(reason.into()),
+            message: Some(message),
+            last_heartbeat_time: Some(now.clone()),
+            last_transition_time: Some(transition),
+        }
+    }
+
+    /// One status round. `wall` stamps heartbeat and transition times.
+    pub fn build(&mut self, r: &Readings, now: Instant, wall: Time) -> NodeStatus {
+        let (capacity, allocatable) = self.resources(r.nodefs);
+
+        let mem = self.crossed(MEMORY_SIGNALS, r);
+        let mem = self.pressure("MemoryPressure", mem, now);
+        let disk = self.crossed(DISK_SIGNALS, r);
+        let disk = self.pressure("DiskPressure", disk, now);
+        let pid = self.crossed(PID_SIGNALS, r);
+        let pid = self.pressure("PIDPressure", pid, now);
+
+        let mut conditions = vec![
+            if mem {
+                self.condition("MemoryPressure", true, "KubeletHasInsufficientMemory", "kubelet has insufficient memory available".into(), &wall)
+            } else {
+                self.condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available".into(), &wall)
+            },
+            if disk {
+                self.condition("DiskPressure", true, "KubeletHasDiskPressure", "kubelet has disk pressure".into(), &wall)
+            } else {
+                self.condition("DiskPressure", false, "KubeletHasNoDiskPressure", "kubelet has no disk pressure".into(), &wall)
+            },
+            if pid {
+                self.condition("PIDPressure", true, "KubeletHasInsufficientPID", "kubelet has insufficient PID available".into(), &wall)
+            } else {
+                self.condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available".into(), &wall)
+            },
+        ];
+        let problems = runtime_problems(&r.runtime);
+        conditions.push(if problems.is_empty() {
+            self.condition("Ready", true, "KubeletReady", "kubelet is posting ready status".into(), &wall)
+        } else {
+            self.condition("Ready", false, "KubeletNotReady", problems.join(", "), &wall)
+        });
+
+        let m = &self.cfg.machine;
+        NodeStatus {
+            capacity: Some(capacity),
+            allocatable: Some(allocatable),
+            conditions: Some(conditions),
+            addresses: Some(
+                self.cfg
+                    .addresses
+                    .iter()
+                    .map(|(t, a)| NodeAddress {
+                        type_: t.clone(),
+                        address: a.clone(),
+                    })
+                    .collect(),
+            ),
+            daemon_endpoints: Some(NodeDaemonEndpoints {
+                kubelet_endpoint: Some(DaemonEndpoint {
+                    port: self.cfg.kubelet_port,
+                }),
+            }),
+            node_info: Some(NodeSystemInfo {
+                architecture: m.architecture.into(),
+                boot_id: m.boot_id.clone(),
+                container_runtime_version: r.runtime_version.clone(),
+                kernel_version: m.kernel_version.clone(),
+                kube_proxy_version: String::new(),
+                kubelet_version: self.cfg.kubelet_version.clone(),
+                machine_id: m.machine_id.clone(),
+                operating_system: "linux".into(),
+                os_image: m.os_image.clone(),
+                system_uuid: m.system_uuid.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// The reasons the node is not ready, in upstream's wording.
+fn runtime_problems(runtime: &Result<RuntimeStatus, RuntimeError>) -> Vec<String> {
+    let status = match runtime {
+        Err(e) => return vec![format!("container runtime is down: {e}")],
+        Ok(s) => s,
+    };
+    let mut out = Vec::new();
+    for (kind, what, name) in [
+        (ConditionKind::RuntimeReady, "container runtime not ready", "RuntimeReady"),
+        (ConditionKind::NetworkReady, "container runtime network not ready", "NetworkReady"),
+    ] {
+        match status.condition(kind) {
+            Some(c) if c.status => {}
+            Some(c) => out.push(format!(
+                "{what}: {name}=false reason:{} message:{}",
+                c.reason, c.message
+            )),
+            None => out.push(format!("{what}: {name} condition missing")),
+        }
+    }
+    out
+}
+
+/// Resource reservations (`systemReserved` + `kubeReserved`) in base units;
+/// cpu in millicores.
+pub fn reservations(
+    system: &BTreeMap<String, String>,
+    kube: &BTreeMap<String, String>,
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (k, v) in system.iter().chain(kube) {
+        // Validated at load; cpu is counted in millicores.
+        let value = if k == "cpu" {
+            parse_quantity(&format!("{v}")).map(|_| cpu_millis(v))
+        } else {
+            parse_quantity(v)
+        };
+        *out.entry(k.clone()).or_insert(0) += value.unwrap_or(0);
+    }
+    out
+}
+
+fn cpu_millis(v: &str) -> u64 {
+    match v.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or(0),
+        None => v.parse::<f64>().map_or(0, |c| (c * 1000.0).round() as u64),
+    }
+}
+
+/// The status with heartbeat times blanked: two rounds with equal keys carry
+/// the same information, so the second needs no patch.
+pub fn change_key(s: &NodeStatus) -> NodeStatus {
+    let mut s = s.clone();
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_heartbeat_time = None;
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::KubeletConfiguration;
+    use kinglet_runtime::RuntimeCondition;
+
+    fn builder(cfg: &KubeletConfiguration) -> StatusBuilder {
+        StatusBuilder::new(StatusConfig {
+            machine: MachineInfo {
+                cpus: 4,
+                memory_bytes: 2 << 30,
+                hugepages: BTreeMap::from([(2 << 20, 64 << 20)]),
+                kernel_version: "6.1.0".into(),
+                os_image: "Debian".into(),
+                architecture: "arm64",
+                machine_id: "m".into(),
+                system_uuid: "u".into(),
+                boot_id: "b".into(),
+            },
+            max_pods: cfg.max_pods,
+            kubelet_version: "v1.37.2".into(),
+            kubelet_port: 10250,
+            addresses: vec![("InternalIP".into(), "192.0.2.1".into())],
+            thresholds: cfg.eviction_thresholds().unwrap(),
+            reserved: reservations(&cfg.system_reserved, &cfg.kube_reserved),
+            pressure_transition: cfg.eviction_pressure_transition_period.0,
+        })
+    }
+
+    fn ready() -> RuntimeStatus {
+        let c = |kind| RuntimeCondition { kind, status: true, reason: String::new(), message: String::new() };
+        RuntimeStatus { conditions: vec![c(ConditionKind::RuntimeReady), c(ConditionKind::NetworkReady)] }
+    }
+
+    fn readings(mem_free: u64) -> Readings {
+        Readings {
+            memory: MemInfo { total: 2 << 30, free: mem_free, inactive_file: 0 },
+            nodefs: Some(FsStats { capacity_bytes: 100 << 30, available_bytes: 50 << 30, inodes: 1000, inodes_free: 900 }),
+            pids: (32768, 200),
+            runtime: Ok(ready()),
+            runtime_version: "kinglet-oci://0.1.0".into(),
+        }
+    }
+
+    fn cond<'a>(s: &'a NodeStatus, t: &str) -> &'a NodeCondition {
+        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    fn wall(secs: i64) -> Time {
+        Time(jiff::Timestamp::from_second(1_800_000_000 + secs).unwrap())
+    }
+
+    #[test]
+    fn capacity_and_allocatable() {
+        let mut cfg = KubeletConfiguration::default();
+        cfg.system_reserved.insert("cpu".into(), "500m".into());
+        cfg.kube_reserved.insert("memory".into(), "100Mi".into());
+        let mut b = builder(&cfg);
+        let s = b.build(&readings(1 << 30), Instant::now(), wall(0));
+        let cap = s.capacity.as_ref().unwrap();
+        let alloc = s.allocatable.as_ref().unwrap();
+        assert_eq!(cap["cpu"].0, "4");
+        assert_eq!(alloc["cpu"].0, "3500m");
+        assert_eq!(cap["memory"].0, format!("{}Ki", (2u64 << 30) / 1024));
+        // 2Gi - 100Mi reserved - 100Mi hard eviction - 64Mi hugepages.
+        assert_eq!(alloc["memory"].0, format!("{}Ki", ((2u64 << 30) - (264 << 20)) / 1024));
+        assert_eq!(cap["hugepages-2Mi"].0, (64u64 << 20).to_string());
+        assert_eq!(cap["pods"].0, "110");
+        assert_eq!(cap["ephemeral-storage"].0, format!("{}Ki", (100u64 << 30) / 1024));
+        // 10% of the filesystem is kept back for nodefs.available.
+        assert_eq!(alloc["ephemeral-storage"].0, (90u64 << 30).to_string());
+        let info = s.node_info.as_ref().unwrap();
+        assert_eq!(info.container_runtime_version, "kinglet-oci://0.1.0");
+        assert_eq!(info.architecture, "arm64");
+    }
+
+    #[test]
+    fn healthy_node_conditions_match_upstream() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let s = b.build(&readings(1 << 30), Instant::now(), wall(0));
+        let types: Vec<_> = s.conditions.as_ref().unwrap().iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]);
+        let r = cond(&s, "Ready");
+        assert_eq!((r.status.as_str(), r.reason.as_deref()), ("True", Some("KubeletReady")));
+        assert_eq!(r.message.as_deref(), Some("kubelet is posting ready status"));
+        assert_eq!(cond(&s, "MemoryPressure").reason.as_deref(), Some("KubeletHasSufficientMemory"));
+        assert_eq!(cond(&s, "DiskPressure").reason.as_deref(), Some("KubeletHasNoDiskPressure"));
+        assert_eq!(cond(&s, "PIDPressure").reason.as_deref(), Some("KubeletHasSufficientPID"));
+    }
+
+    #[test]
+    fn runtime_trouble_makes_the_node_not_ready() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let mut r = readings(1 << 30);
+        r.runtime = Err(RuntimeError::Unavailable("socket gone".into()));
+        let s = b.build(&r, Instant::now(), wall(0));
+        let c = cond(&s, "Ready");
+        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("False", Some("KubeletNotReady")));
+        assert!(c.message.as_ref().unwrap().starts_with("container runtime is down"));
+
+        let mut st = ready();
+        st.conditions[1].status = false;
+        st.conditions[1].reason = "NetworkPluginNotReady".into();
+        r.runtime = Ok(st);
+        let s = b.build(&r, Instant::now(), wall(1));
+        let msg = cond(&s, "Ready").message.clone().unwrap();
+        assert!(msg.starts_with("container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady"), "{msg}");
+    }
+
+    #[test]
+    fn memory_pressure_holds_for_the_transition_period() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let t0 = Instant::now();
+        let s = b.build(&readings(50 << 20), t0, wall(0));
+        let c = cond(&s, "MemoryPressure");
+        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("True", Some("KubeletHasInsufficientMemory")));
+        // Memory recovers, but the condition is held for 5 minutes.
+        let s = b.build(&readings(1 << 30), t0 + Duration::from_secs(60), wall(60));
+        assert_eq!(cond(&s, "MemoryPressure").status, "True");
+        assert_eq!(cond(&s, "MemoryPressure").last_transition_time, Some(wall(0)));
+        let s = b.build(&readings(1 << 30), t0 + Duration::from_secs(301), wall(301));
+        assert_eq!(cond(&s, "MemoryPressure").status, "False");
+        assert_eq!(cond(&s, "MemoryPressure").last_transition_time, Some(wall(301)));
+    }
+
+    #[test]
+    fn disk_and_pid_pressure() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let mut r = readings(1 << 30);
+        r.nodefs.as_mut().unwrap().available_bytes = 5 << 30; // under 10%
+        r.pids = (1000, 999);
+        let mut cfg = KubeletConfiguration::default();
+        cfg.eviction_hard = Some(BTreeMap::from([
+            ("nodefs.available".to_string(), "10%".to_string()),
+            ("pid.available".to_string(), "10".to_string()),
+        ]));
+        let mut b2 = builder(&cfg);
+        let s = b.build(&r, Instant::now(), wall(0));
+        assert_eq!(cond(&s, "DiskPressure").reason.as_deref(), Some("KubeletHasDiskPressure"));
+        assert_eq!(cond(&s, "PIDPressure").status, "False", "no pid threshold by default");
+        let s = b2.build(&r, Instant::now(), wall(0));
+        assert_eq!(cond(&s, "PIDPressure").reason.as_deref(), Some("KubeletHasInsufficientPID"));
+    }
+
+    #[test]
+    fn change_key_ignores_heartbeats_only() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let t0 = Instant::now();
+        let a = b.build(&readings(1 << 30), t0, wall(0));
+        let c = b.build(&readings(1 << 30), t0, wall(10));
+        assert_ne!(a, c);
+        assert_eq!(change_key(&a), change_key(&c));
+        let d = b.build(&readings(10 << 20), t0, wall(20));
+        assert_ne!(change_key(&a), change_key(&d));
+    }
+}
