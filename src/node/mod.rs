@@ -138,14 +138,14 @@ impl NodeAgent {
             uid_rx,
             shutdown.clone(),
         ));
-        let (gone_tx, gone_rx) = watch::channel(());
+        let (node_tx, node_rx) = watch::channel::<Option<Node>>(None);
         let watch = tokio::spawn(watch_own_node(
             self.client.clone(),
             self.template.name.clone(),
-            gone_tx,
+            node_tx,
             shutdown.clone(),
         ));
-        self.status_loop(uid_tx, gone_rx, shutdown).await;
+        self.status_loop(uid_tx, node_rx, shutdown).await;
         let _ = lease.await;
         let _ = watch.await;
     }
@@ -165,10 +165,13 @@ impl NodeAgent {
         }
     }
 
+    /// Every `update_frequency`: compute the status, compare it with what the
+    /// API server holds (from the watch), and patch only if they differ or the
+    /// report interval passed, as upstream's `tryUpdateNodeStatus` does.
     async fn status_loop(
         self,
         uid_tx: watch::Sender<Option<String>>,
-        mut gone: watch::Receiver<()>,
+        mut observed: watch::Receiver<Option<Node>>,
         shutdown: CancellationToken,
     ) {
         let api: Api<Node> = Api::all(self.client.clone());
@@ -186,20 +189,34 @@ impl NodeAgent {
         let mut last_sent: Option<(NodeStatus, Instant)> = None;
         let mut last_conditions: BTreeMap<String, String> = BTreeMap::new();
         let mut started_event = false;
-        gone.mark_unchanged();
 
         loop {
+            // The server's copy of our Node, if the watch has it and it is the
+            // object we registered (not a stale one from before a re-create).
+            let server = observed.borrow_and_update().clone().filter(|n| {
+                registered_uid.is_some() && n.metadata.uid == registered_uid
+            });
+            if let Some(st) = server.as_ref().and_then(|n| n.status.as_ref()) {
+                builder.observe(st);
+            }
+            // Whole seconds: the API stores times at that precision.
+            let wall = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default();
             let readings = self.readings().await;
-            let status = builder.build(&readings, Instant::now(), Time(jiff::Timestamp::now()));
+            let status = builder.build(&readings, Instant::now(), Time(wall));
             self.heartbeat.beat();
 
             let result = match &registered_uid {
                 None => register(&api, &self.template, status.clone()).await.map(Some),
                 Some(_) => {
-                    let due = last_sent.as_ref().is_none_or(|(s, at)| {
-                        change_key(s) != change_key(&status) || at.elapsed() >= self.report_frequency
-                    });
-                    if due {
+                    let held = server
+                        .as_ref()
+                        .and_then(|n| n.status.clone())
+                        .or_else(|| last_sent.as_ref().map(|(s, _)| s.clone()));
+                    let changed = held.is_none_or(|h| change_key(&h) != change_key(&status));
+                    let report_due = last_sent
+                        .as_ref()
+                        .is_none_or(|(_, at)| at.elapsed() >= self.report_frequency);
+                    if changed || report_due {
                         patch_status(&api, &name, &status).await.map(|_| None)
                     } else {
                         Ok(None)
@@ -216,7 +233,7 @@ impl NodeAgent {
                     backoff.reset();
                 }
                 Ok(None) => {
-                    if last_sent.as_ref().is_none_or(|(s, _)| s != &status) {
+                    if last_sent.as_ref().is_none_or(|(s, _)| change_key(s) != change_key(&status)) {
                         last_sent = Some((status.clone(), Instant::now()));
                     }
                     backoff.reset();
@@ -226,6 +243,7 @@ impl NodeAgent {
                     registered_uid = None;
                     uid_tx.send_replace(None);
                     last_sent = None;
+                    last_conditions.clear();
                     wait = Duration::ZERO;
                 }
                 Err(e) => {
@@ -247,9 +265,8 @@ impl NodeAgent {
                     publish(&recorder, &reference, EventType::Normal, "Starting", "Starting kinglet.".into());
                 }
                 for c in status.conditions.iter().flatten() {
-                    let reason = c.reason.clone().unwrap_or_default();
-                    if last_conditions.get(&c.type_) != Some(&reason) {
-                        last_conditions.insert(c.type_.clone(), reason.clone());
+                    if last_conditions.get(&c.type_) != Some(&c.status) {
+                        last_conditions.insert(c.type_.clone(), c.status.clone());
                         let (event_reason, kind) = node_event(&c.type_, &c.status);
                         publish(
                             &recorder,
@@ -262,16 +279,24 @@ impl NodeAgent {
                 }
             }
 
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-                r = gone.changed() => {
-                    if r.is_err() { return }
-                    if registered_uid.take().is_some() {
-                        warn!(node = %name, "node object was deleted; registering again");
-                        uid_tx.send_replace(None);
-                        last_sent = None;
-                        last_conditions.clear();
+            let deadline = tokio::time::sleep(wait);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = &mut deadline => break,
+                    r = observed.changed() => {
+                        if r.is_err() { return }
+                        // Only a deletion cuts the wait short; other changes
+                        // are picked up at the next round.
+                        let deleted = observed.borrow().is_none();
+                        if deleted && registered_uid.take().is_some() {
+                            warn!(node = %name, "node object was deleted; registering again");
+                            uid_tx.send_replace(None);
+                            last_sent = None;
+                            last_conditions.clear();
+                            break;
+                        }
                     }
                 }
             }
@@ -345,13 +370,13 @@ async fn patch_status(api: &Api<Node>, name: &str, status: &NodeStatus) -> Resul
     Ok(())
 }
 
-/// Watches the own Node and signals `gone` when it is deleted or missing
-/// from a fresh list.
-async fn watch_own_node(client: Client, name: String, gone: watch::Sender<()>, shutdown: CancellationToken) {
+/// Watches the own Node and publishes the latest copy the API server holds:
+/// `None` once it is deleted or missing from a fresh list.
+async fn watch_own_node(client: Client, name: String, latest: watch::Sender<Option<Node>>, shutdown: CancellationToken) {
     let api: Api<Node> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, cfg).default_backoff().boxed();
-    let mut seen_in_list = false;
+    let mut listed: Option<Node> = None;
     loop {
         let ev = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -360,16 +385,16 @@ async fn watch_own_node(client: Client, name: String, gone: watch::Sender<()>, s
         match ev {
             None => return,
             Some(Err(e)) => debug!(error = %e, "node watch interrupted"),
-            Some(Ok(watcher::Event::Init)) => seen_in_list = false,
-            Some(Ok(watcher::Event::InitApply(_))) => seen_in_list = true,
+            Some(Ok(watcher::Event::Init)) => listed = None,
+            Some(Ok(watcher::Event::InitApply(n))) => listed = Some(n),
             Some(Ok(watcher::Event::InitDone)) => {
-                if !seen_in_list {
-                    gone.send_replace(());
-                }
+                latest.send_replace(listed.take());
             }
-            Some(Ok(watcher::Event::Apply(_))) => {}
+            Some(Ok(watcher::Event::Apply(n))) => {
+                latest.send_replace(Some(n));
+            }
             Some(Ok(watcher::Event::Delete(_))) => {
-                gone.send_replace(());
+                latest.send_replace(None);
             }
         }
     }

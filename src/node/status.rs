@@ -205,6 +205,24 @@ impl StatusBuilder {
         }
     }
 
+    /// Takes the conditions the API server holds as the previous state, so a
+    /// condition another writer changed (the node lifecycle controller sets
+    /// `Ready=Unknown` when heartbeats stop) gets a fresh transition time
+    /// when kinglet sets it back, as upstream's condition setters do.
+    pub fn observe(&mut self, server: &NodeStatus) {
+        for c in server.conditions.iter().flatten() {
+            let Some(key) = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+                .into_iter()
+                .find(|k| *k == c.type_)
+            else {
+                continue;
+            };
+            if let Some(t) = &c.last_transition_time {
+                self.last.insert(key, (c.status.clone(), t.clone()));
+            }
+        }
+    }
+
     /// One status round. `wall` stamps heartbeat and transition times.
     pub fn build(&mut self, r: &Readings, now: Instant, wall: Time) -> NodeStatus {
         let (capacity, allocatable) = self.resources(r.nodefs);
@@ -327,14 +345,45 @@ fn cpu_millis(v: &str) -> u64 {
     }
 }
 
-/// The status with heartbeat times blanked: two rounds with equal keys carry
-/// the same information, so the second needs no patch.
+/// The part of a status kinglet owns, in a form that compares equal when two
+/// statuses say the same thing: heartbeat times blanked and quantities by
+/// value (the API server rewrites `2097152Ki` as `2Gi`).
 pub fn change_key(s: &NodeStatus) -> NodeStatus {
-    let mut s = s.clone();
-    for c in s.conditions.iter_mut().flatten() {
-        c.last_heartbeat_time = None;
+    let norm = |m: &Option<BTreeMap<String, Quantity>>| {
+        m.as_ref().map(|m| {
+            m.iter()
+                .map(|(k, q)| (k.clone(), Quantity(quantity_milli(&q.0))))
+                .collect()
+        })
+    };
+    NodeStatus {
+        capacity: norm(&s.capacity),
+        allocatable: norm(&s.allocatable),
+        conditions: s.conditions.as_ref().map(|cs| {
+            cs.iter()
+                .map(|c| NodeCondition {
+                    last_heartbeat_time: None,
+                    ..c.clone()
+                })
+                .collect()
+        }),
+        addresses: s.addresses.clone(),
+        daemon_endpoints: s.daemon_endpoints.clone(),
+        node_info: s.node_info.clone(),
+        ..Default::default()
     }
-    s
+}
+
+/// A quantity's value in thousandths, as a string; unparsable text as is.
+fn quantity_milli(q: &str) -> String {
+    let (num, mult) = match q.strip_suffix('m') {
+        Some(n) => (n, 1u128),
+        None => (q, 1000u128),
+    };
+    match parse_quantity(num) {
+        Ok(v) => (u128::from(v) * mult).to_string(),
+        Err(_) => q.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -463,6 +512,28 @@ mod tests {
     }
 
     #[test]
+    fn a_condition_changed_by_another_writer_gets_a_new_transition() {
+        let mut b = builder(&KubeletConfiguration::default());
+        let t0 = Instant::now();
+        let s = b.build(&readings(1 << 30), t0, wall(0));
+        assert_eq!(cond(&s, "Ready").last_transition_time, Some(wall(0)));
+        // The node lifecycle controller marked the node Unknown at t=60.
+        let mut server = s.clone();
+        for c in server.conditions.iter_mut().flatten() {
+            if c.type_ == "Ready" {
+                c.status = "Unknown".into();
+                c.last_transition_time = Some(wall(60));
+            }
+        }
+        b.observe(&server);
+        let s = b.build(&readings(1 << 30), t0, wall(70));
+        let r = cond(&s, "Ready");
+        assert_eq!((r.status.as_str(), r.last_transition_time.clone()), ("True", Some(wall(70))));
+        // Unchanged conditions keep their time.
+        assert_eq!(cond(&s, "DiskPressure").last_transition_time, Some(wall(0)));
+    }
+
+    #[test]
     fn disk_and_pid_pressure() {
         let mut b = builder(&KubeletConfiguration::default());
         let mut r = readings(1 << 30);
@@ -489,6 +560,13 @@ mod tests {
         let c = b.build(&readings(1 << 30), t0, wall(10));
         assert_ne!(a, c);
         assert_eq!(change_key(&a), change_key(&c));
+        // The API server's canonical quantities compare equal to ours.
+        let mut canon = c.clone();
+        canon.capacity.as_mut().unwrap().insert("memory".into(), Quantity("2Gi".into()));
+        canon.allocatable.as_mut().unwrap().insert("cpu".into(), Quantity("2000m".into()));
+        let mut ours = c.clone();
+        ours.allocatable.as_mut().unwrap().insert("cpu".into(), Quantity("2".into()));
+        assert_eq!(change_key(&canon), change_key(&ours));
         let d = b.build(&readings(10 << 20), t0, wall(20));
         assert_ne!(change_key(&a), change_key(&d));
     }

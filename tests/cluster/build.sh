@@ -7,7 +7,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 k8s_version=$(awk '/^require k8s.io\/kubernetes/ {print $3}' "$here/go.mod")
-key=$(cat "$here/go.mod" "$here/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum" "$0" | sha256sum | cut -c1-16)
+# Bump when the build recipe below changes in a way that changes the binaries.
+recipe=1
+key=$( (cat "$here/go.mod" "$here/go.sum" "$here/etcd/go.mod" "$here/etcd/go.sum"; echo "$recipe") | sha256sum | cut -c1-16)
 cache=${KINGLET_CACHE_DIR:-/var/cache/kinglet}/cluster-$k8s_version-$key
 bin=$cache/bin
 want=(etcd kube-apiserver kube-controller-manager kube-scheduler)
@@ -18,6 +20,7 @@ if [ "$have" = 1 ]; then echo "$bin"; exit 0; fi
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 mkdir -p "$cache"
 tmp=$(mktemp -d "$cache/.build.XXXXXX")
+chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s)
 

@@ -1,0 +1,62 @@
+# Shared settings of the loopback control plane scripts. Everything lives
+# under $KINGLET_CLUSTER_DIR; ports are private to these tests.
+# shellcheck shell=bash
+CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
+ETCD_PORT=${KINGLET_ETCD_PORT:-12379}
+ETCD_PEER_PORT=${KINGLET_ETCD_PEER_PORT:-12380}
+APISERVER_PORT=${KINGLET_APISERVER_PORT:-16443}
+KCM_PORT=${KINGLET_KCM_PORT:-20257}
+SCHEDULER_PORT=${KINGLET_SCHEDULER_PORT:-20259}
+PKI=$CLUSTER_DIR/pki
+PIDS=$CLUSTER_DIR/pids
+LOGS=$CLUSTER_DIR/logs
+SERVER=https://127.0.0.1:$APISERVER_PORT
+
+# running NAME: true if the component started by these scripts is alive.
+running() {
+  local pid
+  pid=$(cat "$PIDS/$1.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+    grep -q -- "$1" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# sign NAME CN O [extfile-lines]: a key and a certificate signed by the test CA.
+sign() {
+  local name=$1 cn=$2 o=$3 ext=${4:-}
+  [ -s "$PKI/$name.crt" ] && return 0
+  local subj="/CN=$cn"
+  [ -n "$o" ] && subj="/O=$o$subj"
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "${ext:-extendedKeyUsage=clientAuth}" > "$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+    -CAcreateserial -days 365 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
+  chmod 600 "$PKI/$name.key"
+  mv "$PKI/$name.crt.tmp" "$PKI/$name.crt"
+}
+
+# kubeconfig FILE CERTNAME USER: a kubeconfig using that client certificate.
+kubeconfig() {
+  local file=$1 cert=$2 user=$3
+  cat > "$file.tmp" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: kinglet-test
+  cluster:
+    server: $SERVER
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $user
+  user:
+    client-certificate: $PKI/$cert.crt
+    client-key: $PKI/$cert.key
+contexts:
+- name: kinglet-test
+  context: {cluster: kinglet-test, user: $user}
+current-context: kinglet-test
+KC
+  chmod 600 "$file.tmp"
+  mv "$file.tmp" "$file"
+}

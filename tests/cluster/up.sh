@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Starts the loopback control plane (etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager) under $KINGLET_CLUSTER_DIR, building it first if
+# needed. Idempotent: components already running are left alone, dead ones
+# are started again on the data they had. Writes admin.kubeconfig.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bin=$("$here/build.sh" | tail -n1)
+mkdir -p "$PKI" "$PIDS" "$LOGS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubeconfigs"
+chmod 700 "$CLUSTER_DIR"
+
+# The test CA and the control plane's certificates, made once.
+if [ ! -s "$PKI/ca.crt" ]; then
+  openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$PKI/ca.key" -subj "/CN=kinglet-test-ca" -days 3650 -sha256 \
+    -out "$PKI/ca.crt.tmp" 2>/dev/null
+  mv "$PKI/ca.crt.tmp" "$PKI/ca.crt"
+fi
+sign apiserver kube-apiserver "" \
+  "extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+sign admin kinglet-admin system:masters
+sign apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
+sign controller-manager system:kube-controller-manager ""
+sign scheduler system:kube-scheduler ""
+if [ ! -s "$PKI/sa.key" ]; then
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key" 2>/dev/null
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+fi
+kubeconfig "$CLUSTER_DIR/admin.kubeconfig" admin kinglet-admin
+kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-manager.kubeconfig" controller-manager system:kube-controller-manager
+kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" scheduler system:kube-scheduler
+
+# start NAME ARGS...: runs a component in its own session, logging to a file.
+start() {
+  local name=$1; shift
+  running "$name" && return 0
+  setsid "$bin/$name" "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$PIDS/$name.pid"
+}
+
+wait_for() {
+  local what=$1; shift
+  for _ in $(seq 1 300); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "up.sh: $what did not become ready; see $LOGS" >&2
+  tail -n 20 "$LOGS"/*.log >&2
+  exit 1
+}
+
+start etcd --name kinglet-test --data-dir "$CLUSTER_DIR/etcd" \
+  --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+  --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+  --initial-cluster "kinglet-test=http://127.0.0.1:$ETCD_PEER_PORT" \
+  --listen-metrics-urls "" --unsafe-no-fsync --log-level warn
+wait_for etcd curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+
+# As in production: the Node authorizer and NodeRestriction are on.
+start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+  --endpoint-reconciler-type none \
+  --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+  --client-ca-file "$PKI/ca.crt" \
+  --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+  --kubelet-preferred-address-types InternalIP,Hostname \
+  --service-account-issuer https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+  --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
+  --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+  --enable-bootstrap-token-auth --profiling=false --v 1
+wait_for kube-apiserver kubectl --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" get --raw /readyz
+
+start kube-controller-manager --kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-manager.kubeconfig" \
+  --authentication-kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-manager.kubeconfig" \
+  --authorization-kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-manager.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --leader-elect=false \
+  --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+  --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+  --use-service-account-credentials=true --controllers '*,bootstrapsigner,tokencleaner' \
+  --service-cluster-ip-range 10.0.0.0/24 --profiling=false --v 1
+start kube-scheduler --kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
+  --authentication-kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
+  --authorization-kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
+  --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false --v 1
+wait_for kube-controller-manager curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
+wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+echo "$CLUSTER_DIR/admin.kubeconfig"

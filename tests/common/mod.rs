@@ -1,0 +1,237 @@
+//! Shared harness of the end-to-end tests: the real loopback control plane
+//! (started once per test binary through `tests/cluster/up.sh`), node
+//! credentials, and kinglet processes with private root dirs and ports that
+//! are killed and cleaned up when dropped.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::Api;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn cluster_dir() -> PathBuf {
+    std::env::var_os("KINGLET_CLUSTER_DIR").map_or_else(|| "/tmp/kinglet-cluster".into(), PathBuf::from)
+}
+
+fn run_script(script: &str, args: &[&str]) -> String {
+    let out = Command::new(repo().join("tests/cluster").join(script))
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+    assert!(out.status.success(), "{script} {args:?} failed: {}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().unwrap_or_default().trim().to_string()
+}
+
+/// Starts (or finds running) the control plane; returns admin.kubeconfig.
+pub fn cluster() -> &'static Path {
+    static ADMIN: OnceLock<PathBuf> = OnceLock::new();
+    ADMIN.get_or_init(|| PathBuf::from(run_script("up.sh", &[])))
+}
+
+/// Restarts whatever control-plane component is not running.
+pub fn cluster_up_again() {
+    run_script("up.sh", &[]);
+}
+
+/// The pid of a running control-plane component.
+pub fn component_pid(name: &str) -> i32 {
+    let p = cluster_dir().join("pids").join(format!("{name}.pid"));
+    std::fs::read_to_string(&p).unwrap().trim().parse().unwrap()
+}
+
+/// A kubeconfig with a node client certificate for `name`.
+pub fn node_kubeconfig(name: &str) -> PathBuf {
+    cluster();
+    PathBuf::from(run_script("node-kubeconfig.sh", &[name]))
+}
+
+pub async fn admin() -> Client {
+    let kc = kube::config::Kubeconfig::read_from(cluster()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// A node name unique to this test process and call.
+pub fn unique_name(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `f` until it returns `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A kinglet process run for a test.
+pub struct Kinglet {
+    pub name: String,
+    pub dir: tempfile::TempDir,
+    pub healthz_port: u16,
+    pub config: PathBuf,
+    child: Option<Child>,
+}
+
+/// Config that makes tests quick: status every second, lease renewed every 2 s.
+pub const FAST_CONFIG: &str = "nodeStatusUpdateFrequency: 1s\nnodeLeaseDurationSeconds: 8\n";
+
+impl Kinglet {
+    /// Starts kinglet as node `name` joined to the test cluster, with the
+    /// given extra config lines.
+    pub fn start(name: &str, extra_config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let healthz_port = free_port();
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: {healthz_port}\n{extra_config}"
+            ),
+        )
+        .unwrap();
+        let mut k = Kinglet { name: name.into(), dir, healthz_port, config, child: None };
+        k.spawn();
+        k
+    }
+
+    /// Starts the process (again) on the same root dir and config.
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let kubeconfig = node_kubeconfig(&self.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("kinglet.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--hostname-override", &self.name, "--node-ip", "127.0.0.1"])
+            .arg("--root-dir")
+            .arg(self.dir.path().join("root"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start kinglet");
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(self.dir.path().join("kinglet.log")) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Sends SIGTERM and waits up to `limit` for the exit.
+    pub fn terminate(&mut self, limit: Duration) -> (ExitStatus, Duration) {
+        let mut child = self.child.take().expect("running");
+        let start = Instant::now();
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                return (st, start.elapsed());
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("kinglet did not exit within {limit:?} of SIGTERM\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub async fn healthz(&self) -> Option<u16> {
+        let addr = format!("127.0.0.1:{}", self.healthz_port);
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        out.split_whitespace().nth(1)?.parse().ok()
+    }
+}
+
+impl Drop for Kinglet {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- kinglet log of {} ---\n{}", self.name, self.log());
+        }
+        // The Node outlives kinglet in the API, as upstream's does; tests
+        // remove their own so the shared cluster stays clean.
+        let _ = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(cluster())
+            .args(["delete", "node", &self.name, "--ignore-not-found", "--wait=false"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The condition of that type on a Node, as (status, reason).
+pub fn condition(node: &Node, type_: &str) -> Option<(String, String)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+pub fn is_ready(node: &Node) -> bool {
+    condition(node, "Ready").is_some_and(|(s, _)| s == "True")
+}
+
+/// Waits for the node to exist and be Ready; returns it.
+pub async fn wait_ready(nodes: &Api<Node>, name: &str, timeout: Duration) -> Node {
+    wait_for(&format!("node {name} Ready"), timeout, || async {
+        nodes.get_opt(name).await.ok().flatten().filter(is_ready)
+    })
+    .await
+}

@@ -1,0 +1,221 @@
+//! End to end: kinglet joins the real loopback control plane (Node authorizer
+//! and NodeRestriction on) as a node, stays healthy, and recovers from what
+//! admins and controllers do to its objects.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+
+#[tokio::test]
+async fn node_registers_ready_with_lease_conditions_and_events() {
+    let admin = admin().await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let name = unique_name("kl-ready");
+    let start = Instant::now();
+    let k = Kinglet::start(&name, FAST_CONFIG);
+    let node = wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+    eprintln!("figure: time to Ready {:?}", start.elapsed());
+
+    let labels = node.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubernetes.io/hostname"], name);
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert!(labels.contains_key("kubernetes.io/arch"));
+    let status = node.status.clone().unwrap();
+    for (t, want) in [
+        ("Ready", ("True", "KubeletReady")),
+        ("MemoryPressure", ("False", "KubeletHasSufficientMemory")),
+        ("DiskPressure", ("False", "KubeletHasNoDiskPressure")),
+        ("PIDPressure", ("False", "KubeletHasSufficientPID")),
+    ] {
+        assert_eq!(condition(&node, t), Some((want.0.to_string(), want.1.to_string())), "{t}");
+    }
+    let cap = status.capacity.unwrap();
+    for r in ["cpu", "memory", "ephemeral-storage", "pods"] {
+        assert!(cap.contains_key(r), "capacity lacks {r}");
+    }
+    assert_eq!(cap["pods"].0, "110");
+    let info = status.node_info.unwrap();
+    assert!(info.kubelet_version.starts_with("v1.37."), "{}", info.kubelet_version);
+    assert!(info.container_runtime_version.starts_with("kinglet-oci://"));
+    assert!(!info.boot_id.is_empty() && !info.kernel_version.is_empty());
+    let addrs = status.addresses.unwrap();
+    assert!(addrs.iter().any(|a| a.type_ == "InternalIP" && a.address == "127.0.0.1"));
+    assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+
+    // kubectl sees it Ready too.
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cluster())
+        .args(["get", "node", &name, "--no-headers"])
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.split_whitespace().nth(1) == Some("Ready"), "kubectl says: {line}");
+
+    // The Lease is held by the node, owned by it, and renewed every
+    // nodeLeaseDurationSeconds/4 (8 s / 4 = 2 s here).
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let first = wait_for("lease", Duration::from_secs(10), || async {
+        leases.get_opt(&name).await.ok().flatten()
+    })
+    .await;
+    let spec = first.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(name.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(8));
+    let t0 = spec.renew_time.unwrap().0;
+    let owner = &first.metadata.owner_references.unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", name.as_str()));
+    assert_eq!(Some(owner.uid.clone()), node.metadata.uid);
+    let renewed = wait_for("lease renewal", Duration::from_secs(8), || async {
+        let l = leases.get(&name).await.ok()?;
+        let t = l.spec?.renew_time?.0;
+        (t > t0).then_some(t)
+    })
+    .await;
+    let gap = renewed.duration_since(t0);
+    eprintln!("figure: lease renewal gap {gap:?}");
+    assert!(gap.as_secs_f64() > 1.0, "renewed too often: {gap:?}");
+
+    // Events explain the node's state, as upstream's do.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let reasons = wait_for("node events", Duration::from_secs(10), || async {
+        let evs = events.list(&ListParams::default()).await.ok()?;
+        let r: Vec<String> = evs
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+            .filter_map(|e| e.reason)
+            .collect();
+        (r.iter().any(|x| x == "NodeReady") && r.iter().any(|x| x == "Starting")).then_some(r)
+    })
+    .await;
+    assert!(reasons.iter().any(|r| r == "NodeHasSufficientMemory"), "{reasons:?}");
+
+    assert_eq!(k.healthz().await, Some(200));
+}
+
+#[tokio::test]
+async fn deleted_node_is_registered_again() {
+    let nodes: Api<Node> = Api::all(admin().await);
+    let name = unique_name("kl-del");
+    let _k = Kinglet::start(&name, FAST_CONFIG);
+    let node = wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+    let uid = node.metadata.uid.unwrap();
+    nodes.delete(&name, &DeleteParams::default()).await.unwrap();
+    let again = wait_for("re-registration", Duration::from_secs(20), || async {
+        let n = nodes.get_opt(&name).await.ok().flatten()?;
+        (n.metadata.uid.as_deref() != Some(uid.as_str()) && is_ready(&n)).then_some(n)
+    })
+    .await;
+    assert_ne!(again.metadata.uid.unwrap(), uid);
+}
+
+#[tokio::test]
+async fn restart_adopts_the_existing_node_and_sigterm_is_clean() {
+    let nodes: Api<Node> = Api::all(admin().await);
+    let name = unique_name("kl-restart");
+    let mut k = Kinglet::start(&name, FAST_CONFIG);
+    let node = wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+    let uid = node.metadata.uid.clone().unwrap();
+
+    let (st, took) = k.terminate(Duration::from_secs(5));
+    eprintln!("figure: exit after SIGTERM in {took:?}");
+    assert!(st.success(), "exit status {st}\n{}", k.log());
+
+    // An admin labels the node while kinglet is down; the next start adopts
+    // the Node (same UID) and keeps what others wrote.
+    let patch = serde_json::json!({"metadata": {"labels": {"example.com/owner": "ops"}}});
+    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let before = Instant::now();
+    k.spawn();
+    let n = wait_for("status from the restarted kinglet", Duration::from_secs(20), || async {
+        let n = nodes.get_opt(&name).await.ok().flatten()?;
+        let hb = n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time.clone()?;
+        // The heartbeat moves on once the new process patched the status.
+        let fresh = jiff::Timestamp::now().duration_since(hb.0) < jiff::SignedDuration::from_secs(2)
+            && before.elapsed() > Duration::from_millis(1500);
+        (fresh && is_ready(&n)).then_some(n)
+    })
+    .await;
+    assert_eq!(n.metadata.uid.as_deref(), Some(uid.as_str()), "node was re-created");
+    assert_eq!(n.metadata.labels.unwrap()["example.com/owner"], "ops");
+    assert!(k.log().contains("node registered"), "{}", k.log());
+}
+
+#[tokio::test]
+async fn ready_is_restored_when_another_writer_changes_it() {
+    let nodes: Api<Node> = Api::all(admin().await);
+    let name = unique_name("kl-unknown");
+    let _k = Kinglet::start(&name, FAST_CONFIG);
+    wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+    // What the node lifecycle controller writes when heartbeats stop.
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"
+    }]}});
+    nodes
+        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+    let n = nodes.get(&name).await.unwrap();
+    assert_eq!(condition(&n, "Ready").unwrap().0, "Unknown");
+    let n = wait_ready(&nodes, &name, Duration::from_secs(10)).await;
+    let ready = n.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    // A real transition, stamped now, as upstream does.
+    assert!(ready.last_transition_time.unwrap().0 > jiff::Timestamp::from_second(1_767_225_600).unwrap());
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused_before_contacting_the_api() {
+    let nodes: Api<Node> = Api::all(admin().await);
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("kl-badcfg");
+    let kubeconfig = node_kubeconfig(&name);
+    let cases = [
+        ("maxPods: lots\n", "maxPods"),
+        ("evictionHard:\n  memory.available: plenty\n", "evictionHard[memory.available]"),
+        ("evictionSoft:\n  memory.available: 1Gi\n", "evictionSoftGracePeriod[memory.available]"),
+        ("nodeStatusUpdateFrequency: sometimes\n", "nodeStatusUpdateFrequency"),
+    ];
+    for (body, field) in cases {
+        let cfg = dir.path().join("bad.yaml");
+        std::fs::write(&cfg, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}")).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--hostname-override", &name, "--root-dir"])
+            .arg(dir.path().join("root"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{body:?}: {stderr}");
+        assert!(stderr.contains(&format!("field {field}:")), "{body:?}: {stderr}");
+    }
+    // A bad flag is refused the same way.
+    let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+        .args(["--node-labels", "no-equals-sign", "--hostname-override", &name])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--node-labels"));
+    assert!(nodes.get_opt(&name).await.unwrap().is_none(), "a node was registered");
+    assert!(!dir.path().join("root").exists(), "state was written");
+}
+
+#[test]
+fn version_names_kinglet_and_kubernetes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kinglet")).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(v.starts_with("kinglet 0.") && v.contains("Kubernetes v1.37."), "{v}");
+}
