@@ -50,7 +50,10 @@ fn respond(hb: &Heartbeat, req: &Request<hyper::body::Incoming>) -> Response<Ful
     let (code, body) = match req.uri().path() {
         "/healthz" if hb.healthy() => (StatusCode::OK, "ok"),
         // Upstream's wording when its sync loop check fails.
-        "/healthz" => (StatusCode::INTERNAL_SERVER_ERROR, "[-]syncloop failed: reason withheld\nhealthz check failed\n"),
+        "/healthz" => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "[-]syncloop failed: reason withheld\nhealthz check failed\n",
+        ),
         _ => (StatusCode::NOT_FOUND, "404 page not found\n"),
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
@@ -97,9 +100,11 @@ mod tests {
 
     async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out

@@ -39,7 +39,10 @@ fn main() -> ExitCode {
     }
     // One thread: a node agent waits on the network and the kernel; a second
     // thread would only cost memory on the small machines kinglet runs on.
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("kinglet: cannot start the async runtime: {e}");
@@ -102,13 +105,20 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
 
     if cfg.healthz_port != 0 {
-        let ip = cfg.healthz_bind_address.parse().context("healthzBindAddress")?;
+        let ip = cfg
+            .healthz_bind_address
+            .parse()
+            .context("healthzBindAddress")?;
         let addr = SocketAddr::new(ip, cfg.healthz_port as u16);
         let listener = health::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} for /healthz"))?;
         info!(%addr, "serving /healthz");
-        tasks.push(tokio::spawn(health::serve(listener, heartbeat.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(health::serve(
+            listener,
+            heartbeat.clone(),
+            shutdown.clone(),
+        )));
     }
 
     match &s.kubeconfig {
@@ -131,7 +141,10 @@ async fn run(s: Settings) -> anyhow::Result<()> {
                 status: node::status::StatusConfig {
                     machine,
                     max_pods: cfg.max_pods,
-                    kubelet_version: format!("{KUBERNETES_VERSION}+kinglet-{}", env!("CARGO_PKG_VERSION")),
+                    kubelet_version: format!(
+                        "{KUBERNETES_VERSION}+kinglet-{}",
+                        env!("CARGO_PKG_VERSION")
+                    ),
                     kubelet_port: cfg.port,
                     addresses: node::host::node_addresses(s.node_ip, &s.node_name),
                     thresholds: cfg.eviction_thresholds()?,
@@ -172,7 +185,10 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     shutdown.cancel();
     // In-flight API calls get a short grace; SIGTERM must end us within 5 s.
     let all = futures::future::join_all(tasks);
-    if tokio::time::timeout(Duration::from_secs(3), all).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(3), all)
+        .await
+        .is_err()
+    {
         warn!("tasks did not stop within 3s; exiting anyway");
     }
     Ok(())

@@ -24,19 +24,35 @@ async fn node_survives_an_apiserver_restart() {
     // SAFETY: kill(2) on the component pid that up.sh recorded.
     unsafe { libc::kill(component_pid("kube-apiserver"), libc::SIGKILL) };
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert!(k.alive(), "kinglet exited while the API server was down\n{}", k.log());
-    assert_eq!(k.healthz().await, Some(200), "healthz failed during the outage");
-    assert!(k.log().contains("will retry"), "no retry logged\n{}", k.log());
+    assert!(
+        k.alive(),
+        "kinglet exited while the API server was down\n{}",
+        k.log()
+    );
+    assert_eq!(
+        k.healthz().await,
+        Some(200),
+        "healthz failed during the outage"
+    );
+    assert!(
+        k.log().contains("will retry"),
+        "no retry logged\n{}",
+        k.log()
+    );
 
     let down_until = jiff::Timestamp::now();
     cluster_up_again();
     let admin = common::admin().await;
     let nodes: Api<Node> = Api::all(admin.clone());
     let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
-    wait_for("lease renewed after the restart", Duration::from_secs(30), || async {
-        let t = leases.get(&name).await.ok()?.spec?.renew_time?.0;
-        (t > down_until).then_some(())
-    })
+    wait_for(
+        "lease renewed after the restart",
+        Duration::from_secs(30),
+        || async {
+            let t = leases.get(&name).await.ok()?.spec?.renew_time?.0;
+            (t > down_until).then_some(())
+        },
+    )
     .await;
     wait_ready(&nodes, &name, Duration::from_secs(20)).await;
     assert!(k.alive());

@@ -34,7 +34,11 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
         ("DiskPressure", ("False", "KubeletHasNoDiskPressure")),
         ("PIDPressure", ("False", "KubeletHasSufficientPID")),
     ] {
-        assert_eq!(condition(&node, t), Some((want.0.to_string(), want.1.to_string())), "{t}");
+        assert_eq!(
+            condition(&node, t),
+            Some((want.0.to_string(), want.1.to_string())),
+            "{t}"
+        );
     }
     let cap = status.capacity.unwrap();
     for r in ["cpu", "memory", "ephemeral-storage", "pods"] {
@@ -42,12 +46,28 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
     }
     assert_eq!(cap["pods"].0, "110");
     let info = status.node_info.unwrap();
-    assert!(info.kubelet_version.starts_with("v1.37."), "{}", info.kubelet_version);
+    assert!(
+        info.kubelet_version.starts_with("v1.37."),
+        "{}",
+        info.kubelet_version
+    );
     assert!(info.container_runtime_version.starts_with("kinglet-oci://"));
     assert!(!info.boot_id.is_empty() && !info.kernel_version.is_empty());
     let addrs = status.addresses.unwrap();
-    assert!(addrs.iter().any(|a| a.type_ == "InternalIP" && a.address == "127.0.0.1"));
-    assert_eq!(status.daemon_endpoints.unwrap().kubelet_endpoint.unwrap().port, 10250);
+    assert!(
+        addrs
+            .iter()
+            .any(|a| a.type_ == "InternalIP" && a.address == "127.0.0.1")
+    );
+    assert_eq!(
+        status
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port,
+        10250
+    );
 
     // kubectl sees it Ready too.
     let out = Command::new("kubectl")
@@ -57,7 +77,10 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
         .output()
         .unwrap();
     let line = String::from_utf8_lossy(&out.stdout);
-    assert!(line.split_whitespace().nth(1) == Some("Ready"), "kubectl says: {line}");
+    assert!(
+        line.split_whitespace().nth(1) == Some("Ready"),
+        "kubectl says: {line}"
+    );
 
     // The Lease is held by the node, owned by it, and renewed every
     // nodeLeaseDurationSeconds/4 (8 s / 4 = 2 s here).
@@ -71,7 +94,10 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
     assert_eq!(spec.lease_duration_seconds, Some(8));
     let t0 = spec.renew_time.unwrap().0;
     let owner = &first.metadata.owner_references.unwrap()[0];
-    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Node", name.as_str()));
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Node", name.as_str())
+    );
     assert_eq!(Some(owner.uid.clone()), node.metadata.uid);
     let renewed = wait_for("lease renewal", Duration::from_secs(8), || async {
         let l = leases.get(&name).await.ok()?;
@@ -96,7 +122,10 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
         (r.iter().any(|x| x == "NodeReady") && r.iter().any(|x| x == "Starting")).then_some(r)
     })
     .await;
-    assert!(reasons.iter().any(|r| r == "NodeHasSufficientMemory"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r == "NodeHasSufficientMemory"),
+        "{reasons:?}"
+    );
 
     assert_eq!(k.healthz().await, Some(200));
 }
@@ -132,19 +161,39 @@ async fn restart_adopts_the_existing_node_and_sigterm_is_clean() {
     // An admin labels the node while kinglet is down; the next start adopts
     // the Node (same UID) and keeps what others wrote.
     let patch = serde_json::json!({"metadata": {"labels": {"example.com/owner": "ops"}}});
-    nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     let before = Instant::now();
     k.spawn();
-    let n = wait_for("status from the restarted kinglet", Duration::from_secs(20), || async {
-        let n = nodes.get_opt(&name).await.ok().flatten()?;
-        let hb = n.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?.last_heartbeat_time.clone()?;
-        // The heartbeat moves on once the new process patched the status.
-        let fresh = jiff::Timestamp::now().duration_since(hb.0) < jiff::SignedDuration::from_secs(2)
-            && before.elapsed() > Duration::from_millis(1500);
-        (fresh && is_ready(&n)).then_some(n)
-    })
+    let n = wait_for(
+        "status from the restarted kinglet",
+        Duration::from_secs(20),
+        || async {
+            let n = nodes.get_opt(&name).await.ok().flatten()?;
+            let hb = n
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "Ready")?
+                .last_heartbeat_time
+                .clone()?;
+            // The heartbeat moves on once the new process patched the status.
+            let fresh = jiff::Timestamp::now().duration_since(hb.0)
+                < jiff::SignedDuration::from_secs(2)
+                && before.elapsed() > Duration::from_millis(1500);
+            (fresh && is_ready(&n)).then_some(n)
+        },
+    )
     .await;
-    assert_eq!(n.metadata.uid.as_deref(), Some(uid.as_str()), "node was re-created");
+    assert_eq!(
+        n.metadata.uid.as_deref(),
+        Some(uid.as_str()),
+        "node was re-created"
+    );
     assert_eq!(n.metadata.labels.unwrap()["example.com/owner"], "ops");
     assert!(k.log().contains("node registered"), "{}", k.log());
 }
@@ -168,9 +217,19 @@ async fn ready_is_restored_when_another_writer_changes_it() {
     let n = nodes.get(&name).await.unwrap();
     assert_eq!(condition(&n, "Ready").unwrap().0, "Unknown");
     let n = wait_ready(&nodes, &name, Duration::from_secs(10)).await;
-    let ready = n.status.unwrap().conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+    let ready = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
     // A real transition, stamped now, as upstream does.
-    assert!(ready.last_transition_time.unwrap().0 > jiff::Timestamp::from_second(1_767_225_600).unwrap());
+    assert!(
+        ready.last_transition_time.unwrap().0
+            > jiff::Timestamp::from_second(1_767_225_600).unwrap()
+    );
 }
 
 #[tokio::test]
@@ -181,13 +240,28 @@ async fn invalid_config_is_refused_before_contacting_the_api() {
     let kubeconfig = node_kubeconfig(&name);
     let cases = [
         ("maxPods: lots\n", "maxPods"),
-        ("evictionHard:\n  memory.available: plenty\n", "evictionHard[memory.available]"),
-        ("evictionSoft:\n  memory.available: 1Gi\n", "evictionSoftGracePeriod[memory.available]"),
-        ("nodeStatusUpdateFrequency: sometimes\n", "nodeStatusUpdateFrequency"),
+        (
+            "evictionHard:\n  memory.available: plenty\n",
+            "evictionHard[memory.available]",
+        ),
+        (
+            "evictionSoft:\n  memory.available: 1Gi\n",
+            "evictionSoftGracePeriod[memory.available]",
+        ),
+        (
+            "nodeStatusUpdateFrequency: sometimes\n",
+            "nodeStatusUpdateFrequency",
+        ),
     ];
     for (body, field) in cases {
         let cfg = dir.path().join("bad.yaml");
-        std::fs::write(&cfg, format!("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}")).unwrap();
+        std::fs::write(
+            &cfg,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{body}"
+            ),
+        )
+        .unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
             .arg("--config")
             .arg(&cfg)
@@ -199,23 +273,40 @@ async fn invalid_config_is_refused_before_contacting_the_api() {
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{body:?}: {stderr}");
-        assert!(stderr.contains(&format!("field {field}:")), "{body:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("field {field}:")),
+            "{body:?}: {stderr}"
+        );
     }
     // A bad flag is refused the same way.
     let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
-        .args(["--node-labels", "no-equals-sign", "--hostname-override", &name])
+        .args([
+            "--node-labels",
+            "no-equals-sign",
+            "--hostname-override",
+            &name,
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--node-labels"));
-    assert!(nodes.get_opt(&name).await.unwrap().is_none(), "a node was registered");
+    assert!(
+        nodes.get_opt(&name).await.unwrap().is_none(),
+        "a node was registered"
+    );
     assert!(!dir.path().join("root").exists(), "state was written");
 }
 
 #[test]
 fn version_names_kinglet_and_kubernetes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kinglet")).arg("--version").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+        .arg("--version")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let v = String::from_utf8_lossy(&out.stdout);
-    assert!(v.starts_with("kinglet 0.") && v.contains("Kubernetes v1.37."), "{v}");
+    assert!(
+        v.starts_with("kinglet 0.") && v.contains("Kubernetes v1.37."),
+        "{v}"
+    );
 }

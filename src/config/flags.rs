@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-use super::{ConfigError, KubeletConfiguration, Taint, field_err, validate_label_value, validate_qualified_name};
+use super::{
+    ConfigError, KubeletConfiguration, Taint, field_err, validate_label_value,
+    validate_qualified_name,
+};
 
 /// The Kubernetes release whose kubelet behaviour and API kinglet implements
 /// (the `k8s-openapi` feature and the test control plane are pinned to it).
@@ -181,7 +184,8 @@ fn validate_node_name(name: &str) -> Result<(), ConfigError> {
         && name.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
-                && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && l.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         });

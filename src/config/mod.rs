@@ -315,7 +315,8 @@ pub fn validate_qualified_name(key: &str) -> Result<(), String> {
             && p.split('.').all(|l| {
                 !l.is_empty()
                     && l.len() <= 63
-                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             });
@@ -333,7 +334,8 @@ pub fn validate_qualified_name(key: &str) -> Result<(), String> {
 /// `.` inside.
 pub fn validate_label_value(v: &str) -> Result<(), String> {
     let ok = v.len() <= 63
-        && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
         && v.chars().next().is_none_or(|c| c.is_ascii_alphanumeric())
         && v.chars().last().is_none_or(|c| c.is_ascii_alphanumeric());
     if ok {
@@ -437,7 +439,10 @@ impl KubeletConfiguration {
                     if !EVICTION_SIGNALS.contains(&k.as_str()) {
                         return Err(field_err(
                             format!("{field}[{k}]"),
-                            format!("unknown eviction signal; known: {}", EVICTION_SIGNALS.join(", ")),
+                            format!(
+                                "unknown eviction signal; known: {}",
+                                EVICTION_SIGNALS.join(", ")
+                            ),
                         ));
                     }
                     let t = ThresholdValue::parse(v)
@@ -497,7 +502,10 @@ impl KubeletConfiguration {
         }
         for (i, ip) in self.cluster_dns.iter().enumerate() {
             ip.parse::<IpAddr>().map_err(|_| {
-                field_err(format!("clusterDNS[{i}]"), format!("{ip:?} is not an IP address"))
+                field_err(
+                    format!("clusterDNS[{i}]"),
+                    format!("{ip:?} is not an IP address"),
+                )
             })?;
         }
         if !self.cluster_domain.is_empty()
@@ -509,7 +517,10 @@ impl KubeletConfiguration {
             ));
         }
         if self.max_pods <= 0 {
-            return Err(field_err("maxPods", format!("{} must be positive", self.max_pods)));
+            return Err(field_err(
+                "maxPods",
+                format!("{} must be positive", self.max_pods),
+            ));
         }
         if self.pod_pids_limit == 0 || self.pod_pids_limit < -1 {
             return Err(field_err(
@@ -524,8 +535,14 @@ impl KubeletConfiguration {
             ));
         }
         for (field, d) in [
-            ("nodeStatusUpdateFrequency", self.node_status_update_frequency),
-            ("nodeStatusReportFrequency", self.node_status_report_frequency),
+            (
+                "nodeStatusUpdateFrequency",
+                self.node_status_update_frequency,
+            ),
+            (
+                "nodeStatusReportFrequency",
+                self.node_status_report_frequency,
+            ),
             ("syncFrequency", self.sync_frequency),
             ("fileCheckFrequency", self.file_check_frequency),
         ] {
@@ -544,10 +561,16 @@ impl KubeletConfiguration {
             self.image_gc_low_threshold_percent,
         );
         if !(0..=100).contains(&hi) {
-            return Err(field_err("imageGCHighThresholdPercent", format!("{hi} must be between 0 and 100")));
+            return Err(field_err(
+                "imageGCHighThresholdPercent",
+                format!("{hi} must be between 0 and 100"),
+            ));
         }
         if !(0..=100).contains(&lo) {
-            return Err(field_err("imageGCLowThresholdPercent", format!("{lo} must be between 0 and 100")));
+            return Err(field_err(
+                "imageGCLowThresholdPercent",
+                format!("{lo} must be between 0 and 100"),
+            ));
         }
         if lo > hi {
             return Err(field_err(
@@ -558,13 +581,19 @@ impl KubeletConfiguration {
         if !["cgroupfs", "systemd"].contains(&self.cgroup_driver.as_str()) {
             return Err(field_err(
                 "cgroupDriver",
-                format!("{:?} must be \"cgroupfs\" or \"systemd\"", self.cgroup_driver),
+                format!(
+                    "{:?} must be \"cgroupfs\" or \"systemd\"",
+                    self.cgroup_driver
+                ),
             ));
         }
         if !["Webhook", "AlwaysAllow"].contains(&self.authorization.mode.as_str()) {
             return Err(field_err(
                 "authorization.mode",
-                format!("{:?} must be \"Webhook\" or \"AlwaysAllow\"", self.authorization.mode),
+                format!(
+                    "{:?} must be \"Webhook\" or \"AlwaysAllow\"",
+                    self.authorization.mode
+                ),
             ));
         }
         parse_quantity(&self.container_log_max_size)
@@ -576,9 +605,15 @@ impl KubeletConfiguration {
             ));
         }
         if self.eviction_max_pod_grace_period < 0 {
-            return Err(field_err("evictionMaxPodGracePeriod", "must not be negative"));
+            return Err(field_err(
+                "evictionMaxPodGracePeriod",
+                "must not be negative",
+            ));
         }
-        for (field, m) in [("systemReserved", &self.system_reserved), ("kubeReserved", &self.kube_reserved)] {
+        for (field, m) in [
+            ("systemReserved", &self.system_reserved),
+            ("kubeReserved", &self.kube_reserved),
+        ] {
             for (k, v) in m {
                 if !["cpu", "memory", "ephemeral-storage", "pid"].contains(&k.as_str()) {
                     return Err(field_err(format!("{field}[{k}]"), "unknown resource"));
@@ -587,7 +622,8 @@ impl KubeletConfiguration {
             }
         }
         for (i, t) in self.register_with_taints.iter().enumerate() {
-            t.validate().map_err(|e| field_err(format!("registerWithTaints[{i}]"), e))?;
+            t.validate()
+                .map_err(|e| field_err(format!("registerWithTaints[{i}]"), e))?;
         }
         if !["text", "json"].contains(&self.logging.format.as_str()) {
             return Err(field_err(
@@ -611,7 +647,9 @@ mod tests {
     }
 
     fn parse_err(text: &str) -> String {
-        parse(text, "test.yaml", &mut |_| {}).unwrap_err().to_string()
+        parse(text, "test.yaml", &mut |_| {})
+            .unwrap_err()
+            .to_string()
     }
 
     const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
@@ -630,7 +668,10 @@ mod tests {
         assert!(!cfg.authentication.anonymous.enabled);
         assert_eq!(cfg.authorization.mode, "Webhook");
         let ev = cfg.eviction_thresholds().unwrap();
-        assert_eq!(ev.hard["memory.available"], ThresholdValue::Quantity(100 << 20));
+        assert_eq!(
+            ev.hard["memory.available"],
+            ThresholdValue::Quantity(100 << 20)
+        );
         assert_eq!(ev.hard["nodefs.available"], ThresholdValue::Percent(0.10));
         assert_eq!(ev.hard["imagefs.available"], ThresholdValue::Percent(0.15));
         assert_eq!(ev.hard["nodefs.inodesFree"], ThresholdValue::Percent(0.05));
@@ -678,14 +719,23 @@ healthzPort: 10249
         assert_eq!(cfg.max_pods, 30);
         assert_eq!(cfg.pod_pids_limit, 1024);
         assert_eq!(cfg.cluster_dns, ["10.96.0.10"]);
-        assert_eq!(cfg.authentication.x509.client_ca_file, "/etc/kinglet/ca.crt");
+        assert_eq!(
+            cfg.authentication.x509.client_ca_file,
+            "/etc/kinglet/ca.crt"
+        );
         assert!(cfg.rotate_certificates);
         assert_eq!(cfg.healthz_port, 10249);
         let ev = cfg.eviction_thresholds().unwrap();
         // Setting evictionHard replaces every default.
         assert_eq!(ev.hard.len(), 1);
-        assert_eq!(ev.soft["memory.available"].1, std::time::Duration::from_secs(30));
-        assert_eq!(ev.minimum_reclaim["memory.available"], ThresholdValue::Quantity(20 << 20));
+        assert_eq!(
+            ev.soft["memory.available"].1,
+            std::time::Duration::from_secs(30)
+        );
+        assert_eq!(
+            ev.minimum_reclaim["memory.available"],
+            ThresholdValue::Quantity(20 << 20)
+        );
     }
 
     #[test]
@@ -698,10 +748,15 @@ healthzPort: 10249
 
     #[test]
     fn unknown_fields_warn_but_load() {
-        let (cfg, w) = parse_ok(&format!("{HEAD}maxPods: 10\ncpuManagerPolicy: static\nauthentication:\n  frobnicate: 1\n"));
+        let (cfg, w) = parse_ok(&format!(
+            "{HEAD}maxPods: 10\ncpuManagerPolicy: static\nauthentication:\n  frobnicate: 1\n"
+        ));
         assert_eq!(cfg.max_pods, 10);
         assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("authentication.frobnicate") || w[1].contains("authentication.frobnicate"));
+        assert!(
+            w[0].contains("authentication.frobnicate")
+                || w[1].contains("authentication.frobnicate")
+        );
         assert!(w.iter().any(|m| m.contains("cpuManagerPolicy")));
     }
 
@@ -710,33 +765,66 @@ healthzPort: 10249
         let cases: &[(&str, &str)] = &[
             ("maxPods: lots", "maxPods"),
             ("maxPods: 0", "maxPods"),
-            ("evictionHard: {memory.available: plenty}", "evictionHard[memory.available]"),
-            ("evictionHard: {memory.free: 1Gi}", "evictionHard[memory.free]"),
-            ("evictionSoft: {memory.available: 1Gi}", "evictionSoftGracePeriod[memory.available]"),
+            (
+                "evictionHard: {memory.available: plenty}",
+                "evictionHard[memory.available]",
+            ),
+            (
+                "evictionHard: {memory.free: 1Gi}",
+                "evictionHard[memory.free]",
+            ),
+            (
+                "evictionSoft: {memory.available: 1Gi}",
+                "evictionSoftGracePeriod[memory.available]",
+            ),
             (
                 "evictionSoft: {memory.available: 1Gi}\nevictionSoftGracePeriod: {memory.available: soon}",
                 "evictionSoftGracePeriod[memory.available]",
             ),
-            ("evictionSoftGracePeriod: {memory.available: 1m}", "evictionSoftGracePeriod[memory.available]"),
-            ("evictionMinimumReclaim: {nodefs.available: much}", "evictionMinimumReclaim[nodefs.available]"),
-            ("nodeStatusUpdateFrequency: often", "nodeStatusUpdateFrequency"),
+            (
+                "evictionSoftGracePeriod: {memory.available: 1m}",
+                "evictionSoftGracePeriod[memory.available]",
+            ),
+            (
+                "evictionMinimumReclaim: {nodefs.available: much}",
+                "evictionMinimumReclaim[nodefs.available]",
+            ),
+            (
+                "nodeStatusUpdateFrequency: often",
+                "nodeStatusUpdateFrequency",
+            ),
             ("nodeStatusReportFrequency: 0s", "nodeStatusReportFrequency"),
             ("nodeLeaseDurationSeconds: -1", "nodeLeaseDurationSeconds"),
             ("podPidsLimit: 0", "podPidsLimit"),
-            ("imageGCHighThresholdPercent: 101", "imageGCHighThresholdPercent"),
-            ("imageGCLowThresholdPercent: 90", "imageGCLowThresholdPercent"),
+            (
+                "imageGCHighThresholdPercent: 101",
+                "imageGCHighThresholdPercent",
+            ),
+            (
+                "imageGCLowThresholdPercent: 90",
+                "imageGCLowThresholdPercent",
+            ),
             ("containerLogMaxSize: huge", "containerLogMaxSize"),
             ("containerLogMaxFiles: 1", "containerLogMaxFiles"),
             ("clusterDNS: [not-an-ip]", "clusterDNS[0]"),
             ("clusterDomain: 'bad domain'", "clusterDomain"),
             ("cgroupDriver: openrc", "cgroupDriver"),
             ("authorization: {mode: Maybe}", "authorization.mode"),
-            ("authentication: {anonymous: {enabled: perhaps}}", "authentication.anonymous.enabled"),
+            (
+                "authentication: {anonymous: {enabled: perhaps}}",
+                "authentication.anonymous.enabled",
+            ),
             ("readOnlyPort: 70000", "readOnlyPort"),
             ("healthzPort: -2", "healthzPort"),
             ("healthzBindAddress: localhost", "healthzBindAddress"),
-            ("streamingConnectionIdleTimeout: 0s", "streamingConnectionIdleTimeout"),
-            ("registerWithTaints: [{key: a, effect: Sometimes}]", "registerWithTaints[0]"),
+            (
+                "streamingConnectionIdleTimeout: 0s",
+                "streamingConnectionIdleTimeout",
+            ),
+            (
+                "registerWithTaints: [{key: a, effect: Sometimes}]",
+                "registerWithTaints[0]",
+            ),
             ("kubeReserved: {memory: lots}", "kubeReserved[memory]"),
             ("logging: {format: xml}", "logging.format"),
         ];
@@ -752,7 +840,9 @@ healthzPort: 10249
     #[test]
     fn wrong_kind_or_version_is_refused() {
         assert!(parse_err("apiVersion: v1\nkind: KubeletConfiguration\n").contains("apiVersion"));
-        assert!(parse_err("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n").contains("kind"));
+        assert!(
+            parse_err("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Pod\n").contains("kind")
+        );
         assert!(parse_err("- a\n- b\n").contains("mapping"));
         assert!(parse_err("{{{").contains("not valid YAML"));
     }
@@ -760,7 +850,10 @@ healthzPort: 10249
     #[test]
     fn taint_syntax() {
         let t = Taint::parse("dedicated=edge:NoSchedule").unwrap();
-        assert_eq!((t.key.as_str(), t.value.as_str(), t.effect.as_str()), ("dedicated", "edge", "NoSchedule"));
+        assert_eq!(
+            (t.key.as_str(), t.value.as_str(), t.effect.as_str()),
+            ("dedicated", "edge", "NoSchedule")
+        );
         let t = Taint::parse("example.com/gpu:NoExecute").unwrap();
         assert_eq!(t.value, "");
         for bad in ["novalue", "a=b:Never", "=b:NoSchedule", "a b=c:NoSchedule"] {

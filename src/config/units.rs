@@ -75,9 +75,9 @@ impl fmt::Display for GoDuration {
         }
         if d < Duration::from_secs(1) {
             let ns = d.as_nanos();
-            return if ns % 1_000_000 == 0 {
+            return if ns.is_multiple_of(1_000_000) {
                 write!(f, "{}ms", ns / 1_000_000)
-            } else if ns % 1000 == 0 {
+            } else if ns.is_multiple_of(1000) {
                 write!(f, "{}µs", ns / 1000)
             } else {
                 write!(f, "{ns}ns")
@@ -170,9 +170,7 @@ pub enum ThresholdValue {
 impl ThresholdValue {
     pub fn parse(s: &str) -> Result<Self, String> {
         if let Some(p) = s.trim().strip_suffix('%') {
-            let v: f64 = p
-                .parse()
-                .map_err(|_| format!("invalid percentage {s:?}"))?;
+            let v: f64 = p.parse().map_err(|_| format!("invalid percentage {s:?}"))?;
             if !(0.0..=100.0).contains(&v) {
                 return Err(format!("percentage {s:?} must be between 0% and 100%"));
             }
@@ -233,7 +231,10 @@ mod tests {
     #[test]
     fn thresholds() {
         assert_eq!(ThresholdValue::parse("10%").unwrap().resolve(1000), 100);
-        assert_eq!(ThresholdValue::parse("100Mi").unwrap().resolve(0), 100 << 20);
+        assert_eq!(
+            ThresholdValue::parse("100Mi").unwrap().resolve(0),
+            100 << 20
+        );
         assert!(ThresholdValue::parse("150%").is_err());
         assert!(ThresholdValue::parse("lots%").is_err());
     }

@@ -208,13 +208,15 @@ pub fn fs_stats(path: &Path) -> std::io::Result<FsStats> {
     }
     // SAFETY: statvfs returned 0, so it filled the struct.
     let st = unsafe { st.assume_init() };
-    let frsize = st.f_frsize as u64;
-    Ok(FsStats {
-        capacity_bytes: st.f_blocks as u64 * frsize,
-        available_bytes: st.f_bavail as u64 * frsize,
-        inodes: st.f_files as u64,
-        inodes_free: st.f_ffree as u64,
-    })
+    // The field types are 32-bit on some targets (armv7) and 64-bit on others.
+    #[allow(clippy::useless_conversion)]
+    let stats = FsStats {
+        capacity_bytes: u64::from(st.f_blocks) * u64::from(st.f_frsize),
+        available_bytes: u64::from(st.f_bavail) * u64::from(st.f_frsize),
+        inodes: u64::from(st.f_files),
+        inodes_free: u64::from(st.f_ffree),
+    };
+    Ok(stats)
 }
 
 /// The node's addresses: the given IP or one found as upstream does (the
@@ -273,7 +275,9 @@ fn interface_ipv4(name: &str) -> Option<IpAddr> {
         if ifname.to_bytes() == name.as_bytes() && family == libc::AF_INET {
             // SAFETY: an AF_INET address is a sockaddr_in.
             let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            found = Some(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()));
+            found = Some(IpAddr::from(
+                u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+            ));
             break;
         }
     }
@@ -305,10 +309,21 @@ mod tests {
         w(p.proc.join("sys/kernel/pid_max"), "4194304\n");
         w(p.proc.join("loadavg"), "0.00 0.01 0.05 1/321 4242\n");
         w(p.etc.join("machine-id"), "abc123\n");
-        w(p.etc.join("os-release"), "NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n");
+        w(
+            p.etc.join("os-release"),
+            "NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n",
+        );
         w(p.sys.join("class/dmi/id/product_uuid"), "UUID-1\n");
-        w(p.sys.join("kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"), "4\n");
-        w(p.sys.join("kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"), "0\n");
+        w(
+            p.sys
+                .join("kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"),
+            "4\n",
+        );
+        w(
+            p.sys
+                .join("kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"),
+            "0\n",
+        );
         (dir, p)
     }
 
@@ -347,6 +362,9 @@ mod tests {
     fn addresses_prefer_the_given_ip() {
         let a = node_addresses(Some("192.0.2.7".parse().unwrap()), "pi");
         assert_eq!(a[0], ("InternalIP".into(), "192.0.2.7".into()));
-        assert_eq!(a.last().unwrap(), &("Hostname".to_string(), "pi".to_string()));
+        assert_eq!(
+            a.last().unwrap(),
+            &("Hostname".to_string(), "pi".to_string())
+        );
     }
 }

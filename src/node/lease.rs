@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
-use kube::api::{Api, PostParams};
 use kube::Client;
+use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -34,7 +34,15 @@ pub async fn run(
     let mut healthy = true;
     loop {
         let uid = node_uid.borrow_and_update().clone();
-        let wait = match renew(&api, &node_name, duration_seconds, uid.as_deref(), &mut cached).await {
+        let wait = match renew(
+            &api,
+            &node_name,
+            duration_seconds,
+            uid.as_deref(),
+            &mut cached,
+        )
+        .await
+        {
             Ok(()) => {
                 if !healthy {
                     info!(node = %node_name, "node lease renewed again");
@@ -111,7 +119,9 @@ async fn renew(
     if owners.is_some() && lease.metadata.owner_references != owners {
         lease.metadata.owner_references = owners;
     }
-    let updated = api.replace(node_name, &PostParams::default(), &lease).await?;
+    let updated = api
+        .replace(node_name, &PostParams::default(), &lease)
+        .await?;
     *cached = Some(updated);
     Ok(())
 }

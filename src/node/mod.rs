@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, ObjectReference, Taint as ApiTaint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kinglet_runtime::Runtime;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::Client;
-use kinglet_runtime::Runtime;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -193,20 +193,24 @@ impl NodeAgent {
         loop {
             // The server's copy of our Node, if the watch has it and it is the
             // object we registered (not a stale one from before a re-create).
-            let server = observed.borrow_and_update().clone().filter(|n| {
-                registered_uid.is_some() && n.metadata.uid == registered_uid
-            });
+            let server = observed
+                .borrow_and_update()
+                .clone()
+                .filter(|n| registered_uid.is_some() && n.metadata.uid == registered_uid);
             if let Some(st) = server.as_ref().and_then(|n| n.status.as_ref()) {
                 builder.observe(st);
             }
             // Whole seconds: the API stores times at that precision.
-            let wall = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default();
+            let wall = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+                .unwrap_or_default();
             let readings = self.readings().await;
             let status = builder.build(&readings, Instant::now(), Time(wall));
             self.heartbeat.beat();
 
             let result = match &registered_uid {
-                None => register(&api, &self.template, status.clone()).await.map(Some),
+                None => register(&api, &self.template, status.clone())
+                    .await
+                    .map(Some),
                 Some(_) => {
                     let held = server
                         .as_ref()
@@ -233,7 +237,10 @@ impl NodeAgent {
                     backoff.reset();
                 }
                 Ok(None) => {
-                    if last_sent.as_ref().is_none_or(|(s, _)| change_key(s) != change_key(&status)) {
+                    if last_sent
+                        .as_ref()
+                        .is_none_or(|(s, _)| change_key(s) != change_key(&status))
+                    {
                         last_sent = Some((status.clone(), Instant::now()));
                     }
                     backoff.reset();
@@ -262,7 +269,13 @@ impl NodeAgent {
                 };
                 if !started_event {
                     started_event = true;
-                    publish(&recorder, &reference, EventType::Normal, "Starting", "Starting kinglet.".into());
+                    publish(
+                        &recorder,
+                        &reference,
+                        EventType::Normal,
+                        "Starting",
+                        "Starting kinglet.".into(),
+                    );
                 }
                 for c in status.conditions.iter().flatten() {
                     if last_conditions.get(&c.type_) != Some(&c.status) {
@@ -321,7 +334,13 @@ fn node_event(type_: &str, status: &str) -> (&'static str, EventType) {
 }
 
 /// Publishes an event without holding up the caller; a lost event is logged.
-fn publish(recorder: &Recorder, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
     let recorder = recorder.clone();
     let reference = reference.clone();
     let ev = KubeEvent {
@@ -344,9 +363,16 @@ fn is_not_found(e: &kube::Error) -> bool {
 
 /// Creates the Node, or adopts one left by an earlier run (reconciling its
 /// labels) as upstream's `registerWithAPIServer` does. Returns the Node UID.
-async fn register(api: &Api<Node>, template: &NodeTemplate, status: NodeStatus) -> Result<String, kube::Error> {
+async fn register(
+    api: &Api<Node>,
+    template: &NodeTemplate,
+    status: NodeStatus,
+) -> Result<String, kube::Error> {
     let name = &template.name;
-    match api.create(&PostParams::default(), &template.node(status.clone())).await {
+    match api
+        .create(&PostParams::default(), &template.node(status.clone()))
+        .await
+    {
         Ok(n) => return Ok(n.metadata.uid.unwrap_or_default()),
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(e),
@@ -355,7 +381,9 @@ async fn register(api: &Api<Node>, template: &NodeTemplate, status: NodeStatus) 
     let mut uid = existing.metadata.uid.clone().unwrap_or_default();
     if let Some(patch) = template.reconcile_patch(&existing) {
         info!(node = %name, "reconciling labels of the existing node");
-        let n = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        let n = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
         uid = n.metadata.uid.unwrap_or(uid);
     }
     patch_status(api, name, &status).await?;
@@ -366,13 +394,19 @@ async fn patch_status(api: &Api<Node>, name: &str, status: &NodeStatus) -> Resul
     // A merge patch replaces the lists kinglet owns (conditions, addresses)
     // and leaves fields other writers own (volumesAttached) untouched.
     let patch = serde_json::json!({ "status": status });
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
     Ok(())
 }
 
 /// Watches the own Node and publishes the latest copy the API server holds:
 /// `None` once it is deleted or missing from a fresh list.
-async fn watch_own_node(client: Client, name: String, latest: watch::Sender<Option<Node>>, shutdown: CancellationToken) {
+async fn watch_own_node(
+    client: Client,
+    name: String,
+    latest: watch::Sender<Option<Node>>,
+    shutdown: CancellationToken,
+) {
     let api: Api<Node> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, cfg).default_backoff().boxed();
@@ -409,13 +443,21 @@ mod tests {
     fn template(args: &[&str]) -> NodeTemplate {
         let mut argv = vec!["kinglet"];
         argv.extend_from_slice(args);
-        let s = Flags::try_parse_from(argv).unwrap().settings(|| "pi".into(), &mut |_| {}).unwrap();
+        let s = Flags::try_parse_from(argv)
+            .unwrap()
+            .settings(|| "pi".into(), &mut |_| {})
+            .unwrap();
         NodeTemplate::from_settings(&s)
     }
 
     #[test]
     fn template_has_default_labels_and_taints() {
-        let t = template(&["--node-labels", "site=lab", "--register-with-taints", "edge=yes:NoSchedule"]);
+        let t = template(&[
+            "--node-labels",
+            "site=lab",
+            "--register-with-taints",
+            "edge=yes:NoSchedule",
+        ]);
         assert_eq!(t.labels["kubernetes.io/hostname"], "pi");
         assert_eq!(t.labels["kubernetes.io/os"], "linux");
         assert_eq!(t.labels["kubernetes.io/arch"], host::go_arch());
@@ -431,8 +473,18 @@ mod tests {
         let t = template(&["--node-labels", "site=lab"]);
         let mut existing = t.node(NodeStatus::default());
         assert!(t.reconcile_patch(&existing).is_none());
-        existing.metadata.labels.as_mut().unwrap().insert("site".into(), "old".into());
-        existing.metadata.labels.as_mut().unwrap().insert("admin-added".into(), "x".into());
+        existing
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("site".into(), "old".into());
+        existing
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("admin-added".into(), "x".into());
         let p = t.reconcile_patch(&existing).unwrap();
         assert_eq!(p["metadata"]["labels"], serde_json::json!({"site": "lab"}));
     }
@@ -441,7 +493,10 @@ mod tests {
     fn node_events_use_upstream_reasons() {
         assert_eq!(node_event("Ready", "True").0, "NodeReady");
         assert_eq!(node_event("Ready", "False").0, "NodeNotReady");
-        assert_eq!(node_event("MemoryPressure", "False").0, "NodeHasSufficientMemory");
+        assert_eq!(
+            node_event("MemoryPressure", "False").0,
+            "NodeHasSufficientMemory"
+        );
         assert_eq!(node_event("DiskPressure", "True").0, "NodeHasDiskPressure");
         assert_eq!(node_event("PIDPressure", "False").0, "NodeHasSufficientPID");
     }

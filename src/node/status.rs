@@ -81,7 +81,10 @@ impl StatusBuilder {
 
     /// Capacity and allocatable. Allocatable memory and storage leave room for
     /// reservations and the hard eviction threshold, as upstream computes it.
-    fn resources(&self, nodefs: Option<FsStats>) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+    fn resources(
+        &self,
+        nodefs: Option<FsStats>,
+    ) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
         let m = &self.cfg.machine;
         let mut cap = BTreeMap::new();
         let mut alloc = BTreeMap::new();
@@ -122,7 +125,13 @@ impl StatusBuilder {
                 .map_or(0, |t| t.resolve(fs.capacity_bytes));
             let fs_alloc = fs
                 .capacity_bytes
-                .saturating_sub(self.cfg.reserved.get("ephemeral-storage").copied().unwrap_or(0))
+                .saturating_sub(
+                    self.cfg
+                        .reserved
+                        .get("ephemeral-storage")
+                        .copied()
+                        .unwrap_or(0),
+                )
                 .saturating_sub(hard_fs);
             alloc.insert("ephemeral-storage".into(), Quantity(fs_alloc.to_string()));
         }
@@ -194,7 +203,8 @@ impl StatusBuilder {
             Some((s, t)) if *s == status => t.clone(),
             _ => now.clone(),
         };
-        self.last.insert(type_, (status.clone(), transition.clone()));
+        self.last
+            .insert(type_, (status.clone(), transition.clone()));
         NodeCondition {
             type_: type_.into(),
             status,
@@ -236,26 +246,74 @@ impl StatusBuilder {
 
         let mut conditions = vec![
             if mem {
-                self.condition("MemoryPressure", true, "KubeletHasInsufficientMemory", "kubelet has insufficient memory available".into(), &wall)
+                self.condition(
+                    "MemoryPressure",
+                    true,
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available".into(),
+                    &wall,
+                )
             } else {
-                self.condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available".into(), &wall)
+                self.condition(
+                    "MemoryPressure",
+                    false,
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available".into(),
+                    &wall,
+                )
             },
             if disk {
-                self.condition("DiskPressure", true, "KubeletHasDiskPressure", "kubelet has disk pressure".into(), &wall)
+                self.condition(
+                    "DiskPressure",
+                    true,
+                    "KubeletHasDiskPressure",
+                    "kubelet has disk pressure".into(),
+                    &wall,
+                )
             } else {
-                self.condition("DiskPressure", false, "KubeletHasNoDiskPressure", "kubelet has no disk pressure".into(), &wall)
+                self.condition(
+                    "DiskPressure",
+                    false,
+                    "KubeletHasNoDiskPressure",
+                    "kubelet has no disk pressure".into(),
+                    &wall,
+                )
             },
             if pid {
-                self.condition("PIDPressure", true, "KubeletHasInsufficientPID", "kubelet has insufficient PID available".into(), &wall)
+                self.condition(
+                    "PIDPressure",
+                    true,
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available".into(),
+                    &wall,
+                )
             } else {
-                self.condition("PIDPressure", false, "KubeletHasSufficientPID", "kubelet has sufficient PID available".into(), &wall)
+                self.condition(
+                    "PIDPressure",
+                    false,
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available".into(),
+                    &wall,
+                )
             },
         ];
         let problems = runtime_problems(&r.runtime);
         conditions.push(if problems.is_empty() {
-            self.condition("Ready", true, "KubeletReady", "kubelet is posting ready status".into(), &wall)
+            self.condition(
+                "Ready",
+                true,
+                "KubeletReady",
+                "kubelet is posting ready status".into(),
+                &wall,
+            )
         } else {
-            self.condition("Ready", false, "KubeletNotReady", problems.join(", "), &wall)
+            self.condition(
+                "Ready",
+                false,
+                "KubeletNotReady",
+                problems.join(", "),
+                &wall,
+            )
         });
 
         let m = &self.cfg.machine;
@@ -304,8 +362,16 @@ fn runtime_problems(runtime: &Result<RuntimeStatus, RuntimeError>) -> Vec<String
     };
     let mut out = Vec::new();
     for (kind, what, name) in [
-        (ConditionKind::RuntimeReady, "container runtime not ready", "RuntimeReady"),
-        (ConditionKind::NetworkReady, "container runtime network not ready", "NetworkReady"),
+        (
+            ConditionKind::RuntimeReady,
+            "container runtime not ready",
+            "RuntimeReady",
+        ),
+        (
+            ConditionKind::NetworkReady,
+            "container runtime network not ready",
+            "NetworkReady",
+        ),
     ] {
         match status.condition(kind) {
             Some(c) if c.status => {}
@@ -329,11 +395,11 @@ pub fn reservations(
     for (k, v) in system.iter().chain(kube) {
         // Validated at load; cpu is counted in millicores.
         let value = if k == "cpu" {
-            parse_quantity(&format!("{v}")).map(|_| cpu_millis(v))
+            cpu_millis(v)
         } else {
-            parse_quantity(v)
+            parse_quantity(v).unwrap_or(0)
         };
-        *out.entry(k.clone()).or_insert(0) += value.unwrap_or(0);
+        *out.entry(k.clone()).or_insert(0) += value;
     }
     out
 }
@@ -416,14 +482,33 @@ mod tests {
     }
 
     fn ready() -> RuntimeStatus {
-        let c = |kind| RuntimeCondition { kind, status: true, reason: String::new(), message: String::new() };
-        RuntimeStatus { conditions: vec![c(ConditionKind::RuntimeReady), c(ConditionKind::NetworkReady)] }
+        let c = |kind| RuntimeCondition {
+            kind,
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        };
+        RuntimeStatus {
+            conditions: vec![
+                c(ConditionKind::RuntimeReady),
+                c(ConditionKind::NetworkReady),
+            ],
+        }
     }
 
     fn readings(mem_free: u64) -> Readings {
         Readings {
-            memory: MemInfo { total: 2 << 30, free: mem_free, inactive_file: 0 },
-            nodefs: Some(FsStats { capacity_bytes: 100 << 30, available_bytes: 50 << 30, inodes: 1000, inodes_free: 900 }),
+            memory: MemInfo {
+                total: 2 << 30,
+                free: mem_free,
+                inactive_file: 0,
+            },
+            nodefs: Some(FsStats {
+                capacity_bytes: 100 << 30,
+                available_bytes: 50 << 30,
+                inodes: 1000,
+                inodes_free: 900,
+            }),
             pids: (32768, 200),
             runtime: Ok(ready()),
             runtime_version: "kinglet-oci://0.1.0".into(),
@@ -431,7 +516,12 @@ mod tests {
     }
 
     fn cond<'a>(s: &'a NodeStatus, t: &str) -> &'a NodeCondition {
-        s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == t).unwrap()
+        s.conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == t)
+            .unwrap()
     }
 
     fn wall(secs: i64) -> Time {
@@ -451,10 +541,16 @@ mod tests {
         assert_eq!(alloc["cpu"].0, "3500m");
         assert_eq!(cap["memory"].0, format!("{}Ki", (2u64 << 30) / 1024));
         // 2Gi - 100Mi reserved - 100Mi hard eviction - 64Mi hugepages.
-        assert_eq!(alloc["memory"].0, format!("{}Ki", ((2u64 << 30) - (264 << 20)) / 1024));
+        assert_eq!(
+            alloc["memory"].0,
+            format!("{}Ki", ((2u64 << 30) - (264 << 20)) / 1024)
+        );
         assert_eq!(cap["hugepages-2Mi"].0, (64u64 << 20).to_string());
         assert_eq!(cap["pods"].0, "110");
-        assert_eq!(cap["ephemeral-storage"].0, format!("{}Ki", (100u64 << 30) / 1024));
+        assert_eq!(
+            cap["ephemeral-storage"].0,
+            format!("{}Ki", (100u64 << 30) / 1024)
+        );
         // 10% of the filesystem is kept back for nodefs.available.
         assert_eq!(alloc["ephemeral-storage"].0, (90u64 << 30).to_string());
         let info = s.node_info.as_ref().unwrap();
@@ -466,14 +562,38 @@ mod tests {
     fn healthy_node_conditions_match_upstream() {
         let mut b = builder(&KubeletConfiguration::default());
         let s = b.build(&readings(1 << 30), Instant::now(), wall(0));
-        let types: Vec<_> = s.conditions.as_ref().unwrap().iter().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]);
+        let types: Vec<_> = s
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(
+            types,
+            ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
+        );
         let r = cond(&s, "Ready");
-        assert_eq!((r.status.as_str(), r.reason.as_deref()), ("True", Some("KubeletReady")));
-        assert_eq!(r.message.as_deref(), Some("kubelet is posting ready status"));
-        assert_eq!(cond(&s, "MemoryPressure").reason.as_deref(), Some("KubeletHasSufficientMemory"));
-        assert_eq!(cond(&s, "DiskPressure").reason.as_deref(), Some("KubeletHasNoDiskPressure"));
-        assert_eq!(cond(&s, "PIDPressure").reason.as_deref(), Some("KubeletHasSufficientPID"));
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_deref()),
+            ("True", Some("KubeletReady"))
+        );
+        assert_eq!(
+            r.message.as_deref(),
+            Some("kubelet is posting ready status")
+        );
+        assert_eq!(
+            cond(&s, "MemoryPressure").reason.as_deref(),
+            Some("KubeletHasSufficientMemory")
+        );
+        assert_eq!(
+            cond(&s, "DiskPressure").reason.as_deref(),
+            Some("KubeletHasNoDiskPressure")
+        );
+        assert_eq!(
+            cond(&s, "PIDPressure").reason.as_deref(),
+            Some("KubeletHasSufficientPID")
+        );
     }
 
     #[test]
@@ -483,8 +603,16 @@ mod tests {
         r.runtime = Err(RuntimeError::Unavailable("socket gone".into()));
         let s = b.build(&r, Instant::now(), wall(0));
         let c = cond(&s, "Ready");
-        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("False", Some("KubeletNotReady")));
-        assert!(c.message.as_ref().unwrap().starts_with("container runtime is down"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("KubeletNotReady"))
+        );
+        assert!(
+            c.message
+                .as_ref()
+                .unwrap()
+                .starts_with("container runtime is down")
+        );
 
         let mut st = ready();
         st.conditions[1].status = false;
@@ -501,14 +629,23 @@ mod tests {
         let t0 = Instant::now();
         let s = b.build(&readings(50 << 20), t0, wall(0));
         let c = cond(&s, "MemoryPressure");
-        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("True", Some("KubeletHasInsufficientMemory")));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some("KubeletHasInsufficientMemory"))
+        );
         // Memory recovers, but the condition is held for 5 minutes.
         let s = b.build(&readings(1 << 30), t0 + Duration::from_secs(60), wall(60));
         assert_eq!(cond(&s, "MemoryPressure").status, "True");
-        assert_eq!(cond(&s, "MemoryPressure").last_transition_time, Some(wall(0)));
+        assert_eq!(
+            cond(&s, "MemoryPressure").last_transition_time,
+            Some(wall(0))
+        );
         let s = b.build(&readings(1 << 30), t0 + Duration::from_secs(301), wall(301));
         assert_eq!(cond(&s, "MemoryPressure").status, "False");
-        assert_eq!(cond(&s, "MemoryPressure").last_transition_time, Some(wall(301)));
+        assert_eq!(
+            cond(&s, "MemoryPressure").last_transition_time,
+            Some(wall(301))
+        );
     }
 
     #[test]
@@ -528,7 +665,10 @@ mod tests {
         b.observe(&server);
         let s = b.build(&readings(1 << 30), t0, wall(70));
         let r = cond(&s, "Ready");
-        assert_eq!((r.status.as_str(), r.last_transition_time.clone()), ("True", Some(wall(70))));
+        assert_eq!(
+            (r.status.as_str(), r.last_transition_time.clone()),
+            ("True", Some(wall(70)))
+        );
         // Unchanged conditions keep their time.
         assert_eq!(cond(&s, "DiskPressure").last_transition_time, Some(wall(0)));
     }
@@ -539,17 +679,29 @@ mod tests {
         let mut r = readings(1 << 30);
         r.nodefs.as_mut().unwrap().available_bytes = 5 << 30; // under 10%
         r.pids = (1000, 999);
-        let mut cfg = KubeletConfiguration::default();
-        cfg.eviction_hard = Some(BTreeMap::from([
-            ("nodefs.available".to_string(), "10%".to_string()),
-            ("pid.available".to_string(), "10".to_string()),
-        ]));
+        let cfg = KubeletConfiguration {
+            eviction_hard: Some(BTreeMap::from([
+                ("nodefs.available".to_string(), "10%".to_string()),
+                ("pid.available".to_string(), "10".to_string()),
+            ])),
+            ..Default::default()
+        };
         let mut b2 = builder(&cfg);
         let s = b.build(&r, Instant::now(), wall(0));
-        assert_eq!(cond(&s, "DiskPressure").reason.as_deref(), Some("KubeletHasDiskPressure"));
-        assert_eq!(cond(&s, "PIDPressure").status, "False", "no pid threshold by default");
+        assert_eq!(
+            cond(&s, "DiskPressure").reason.as_deref(),
+            Some("KubeletHasDiskPressure")
+        );
+        assert_eq!(
+            cond(&s, "PIDPressure").status,
+            "False",
+            "no pid threshold by default"
+        );
         let s = b2.build(&r, Instant::now(), wall(0));
-        assert_eq!(cond(&s, "PIDPressure").reason.as_deref(), Some("KubeletHasInsufficientPID"));
+        assert_eq!(
+            cond(&s, "PIDPressure").reason.as_deref(),
+            Some("KubeletHasInsufficientPID")
+        );
     }
 
     #[test]
@@ -562,10 +714,21 @@ mod tests {
         assert_eq!(change_key(&a), change_key(&c));
         // The API server's canonical quantities compare equal to ours.
         let mut canon = c.clone();
-        canon.capacity.as_mut().unwrap().insert("memory".into(), Quantity("2Gi".into()));
-        canon.allocatable.as_mut().unwrap().insert("cpu".into(), Quantity("2000m".into()));
+        canon
+            .capacity
+            .as_mut()
+            .unwrap()
+            .insert("memory".into(), Quantity("2Gi".into()));
+        canon
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("cpu".into(), Quantity("2000m".into()));
         let mut ours = c.clone();
-        ours.allocatable.as_mut().unwrap().insert("cpu".into(), Quantity("2".into()));
+        ours.allocatable
+            .as_mut()
+            .unwrap()
+            .insert("cpu".into(), Quantity("2".into()));
         assert_eq!(change_key(&canon), change_key(&ours));
         let d = b.build(&readings(10 << 20), t0, wall(20));
         assert_ne!(change_key(&a), change_key(&d));

@@ -20,7 +20,8 @@ pub fn repo() -> PathBuf {
 }
 
 pub fn cluster_dir() -> PathBuf {
-    std::env::var_os("KINGLET_CLUSTER_DIR").map_or_else(|| "/tmp/kinglet-cluster".into(), PathBuf::from)
+    std::env::var_os("KINGLET_CLUSTER_DIR")
+        .map_or_else(|| "/tmp/kinglet-cluster".into(), PathBuf::from)
 }
 
 fn run_script(script: &str, args: &[&str]) -> String {
@@ -29,7 +30,11 @@ fn run_script(script: &str, args: &[&str]) -> String {
         .stderr(Stdio::inherit())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
-    assert!(out.status.success(), "{script} {args:?} failed: {}", out.status);
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed: {}",
+        out.status
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     stdout.lines().last().unwrap_or_default().trim().to_string()
 }
@@ -59,19 +64,29 @@ pub fn node_kubeconfig(name: &str) -> PathBuf {
 
 pub async fn admin() -> Client {
     let kc = kube::config::Kubeconfig::read_from(cluster()).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
     Client::try_from(cfg).unwrap()
 }
 
 /// A node name unique to this test process and call.
 pub fn unique_name(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A free loopback port (bound and released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Polls `f` until it returns `Some` or `timeout` passes.
@@ -85,7 +100,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -116,7 +134,13 @@ impl Kinglet {
             ),
         )
         .unwrap();
-        let mut k = Kinglet { name: name.into(), dir, healthz_port, config, child: None };
+        let mut k = Kinglet {
+            name: name.into(),
+            dir,
+            healthz_port,
+            config,
+            child: None,
+        };
         k.spawn();
         k
     }
@@ -175,7 +199,10 @@ impl Kinglet {
             if start.elapsed() > limit {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("kinglet did not exit within {limit:?} of SIGTERM\n{}", self.log());
+                panic!(
+                    "kinglet did not exit within {limit:?} of SIGTERM\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -185,7 +212,9 @@ impl Kinglet {
         let addr = format!("127.0.0.1:{}", self.healthz_port);
         let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.ok()?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).await.ok()?;
         out.split_whitespace().nth(1)?.parse().ok()
@@ -206,7 +235,13 @@ impl Drop for Kinglet {
         let _ = Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(cluster())
-            .args(["delete", "node", &self.name, "--ignore-not-found", "--wait=false"])
+            .args([
+                "delete",
+                "node",
+                &self.name,
+                "--ignore-not-found",
+                "--wait=false",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

@@ -104,12 +104,25 @@ mod tests {
     #[tokio::test]
     async fn reports_what_the_test_sets() {
         let rt = FakeRuntime::new();
-        assert!(rt.status().await.unwrap().is_ready(ConditionKind::NetworkReady));
+        assert!(
+            rt.status()
+                .await
+                .unwrap()
+                .is_ready(ConditionKind::NetworkReady)
+        );
         assert_eq!(rt.version().await.unwrap().node_info(), "fake://0.0.1");
         rt.set_status(RuntimeStatus::default());
-        assert!(!rt.status().await.unwrap().is_ready(ConditionKind::RuntimeReady));
+        assert!(
+            !rt.status()
+                .await
+                .unwrap()
+                .is_ready(ConditionKind::RuntimeReady)
+        );
         rt.set_up(false);
-        assert!(matches!(rt.status().await, Err(RuntimeError::Unavailable(_))));
+        assert!(matches!(
+            rt.status().await,
+            Err(RuntimeError::Unavailable(_))
+        ));
         assert_eq!(rt.status_calls.load(Ordering::Relaxed), 3);
     }
 }

@@ -153,6 +153,9 @@ mod tests {
         let st = blocked.status().await.unwrap();
         let c = st.condition(ConditionKind::RuntimeReady).unwrap();
         assert_eq!(c.reason, "StateDirUnwritable");
-        assert_eq!(rt.version().await.unwrap().node_info(), "kinglet-oci://0.1.0");
+        assert_eq!(
+            rt.version().await.unwrap().node_info(),
+            "kinglet-oci://0.1.0"
+        );
     }
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (as root): installs what is missing,
+# starts the loopback control plane, runs lint, unit and end-to-end tests,
+# cross-builds the static aarch64 binary and runs it under qemu, and stops
+# everything it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+tests/setup.sh
+
+export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
+tests/cluster/down.sh >/dev/null 2>&1 || true
+trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
+tests/cluster/up.sh >/dev/null
+
+echo "== lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cross: static aarch64 binary under qemu"
+cross/build.sh aarch64-unknown-linux-musl
+qemu-aarch64-static target/aarch64-unknown-linux-musl/release/kinglet --version
+
+echo "== tests (unit and end to end)"
+# One test binary at a time (cargo's default); within a binary, tests share
+# the control plane and use private node names, dirs and ports.
+set +e
+cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test.log
+rc=${PIPESTATUS[0]}
+set -e
+summary=$(grep -E '^test result:' target/test.log || true)
+passed=$(echo "$summary" | awk '{s+=$4} END {print s+0}')
+failed=$(echo "$summary" | awk '{s+=$6} END {print s+0}')
+ignored=$(echo "$summary" | awk '{s+=$8} END {print s+0}')
+echo "== figures"
+grep -E '^figure:' target/test.log || true
+echo "suite time: $(( $(date +%s) - start )) s"
+if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
+echo "$passed passed, $failed failed, $ignored skipped"
+[ "$rc" = 0 ]

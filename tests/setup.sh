@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what kinglet's build, demo and tests need on a fresh Debian
+# machine (as root), and builds the loopback control plane (cached outside
+# the repo). Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for p in openssl curl file qemu-user-static iproute2 kmod; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+for tool in cargo go kubectl; do
+  command -v "$tool" >/dev/null || { echo "setup: $tool is required and missing" >&2; exit 1; }
+done
+for t in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+  rustup target list --installed | grep -qx "$t" || rustup target add "$t" >&2
+done
+if ! command -v cargo-zigbuild >/dev/null || ! python3 -m ziglang version >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild
+fi
+tests/cluster/build.sh >/dev/null
