@@ -60,20 +60,35 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(cfg: &config::Logging) {
-    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::prelude::*;
     let level = match cfg.verbosity {
         0 | 1 => LevelFilter::INFO,
         2..=4 => LevelFilter::DEBUG,
         _ => LevelFilter::TRACE,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
+    // kube's client logs every failed request itself; kinglet logs the same
+    // failure once, with the node or object it concerns, so the client's own
+    // lines only appear at high verbosity.
+    let kube_level = if cfg.verbosity >= 4 {
+        level
+    } else {
+        LevelFilter::OFF
+    };
+    let filter = Targets::new()
+        .with_default(level)
+        .with_target("kube_client", kube_level);
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
     if cfg.format == "json" {
-        builder.json().init();
+        tracing_subscriber::registry()
+            .with(fmt.json().with_filter(filter))
+            .init();
     } else {
-        builder.init();
+        tracing_subscriber::registry()
+            .with(fmt.with_filter(filter))
+            .init();
     }
 }
 

@@ -24,6 +24,10 @@ running() {
 sign() {
   local name=$1 cn=$2 o=$3 ext=${4:-}
   [ -s "$PKI/$name.crt" ] && return 0
+  # Tests issue certificates concurrently: one signer at a time.
+  exec 9>"$PKI/.lock"
+  flock 9
+  [ -s "$PKI/$name.crt" ] && { exec 9>&-; return 0; }
   local subj="/CN=$cn"
   [ -n "$o" ] && subj="/O=$o$subj"
   openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
@@ -31,9 +35,10 @@ sign() {
   printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
     "${ext:-extendedKeyUsage=clientAuth}" > "$PKI/$name.ext"
   openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
-    -CAcreateserial -days 365 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
+    -set_serial "0x$(openssl rand -hex 16)" -days 365 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt.tmp" 2>/dev/null
   chmod 600 "$PKI/$name.key"
   mv "$PKI/$name.crt.tmp" "$PKI/$name.crt"
+  exec 9>&-
 }
 
 # kubeconfig FILE CERTNAME USER: a kubeconfig using that client certificate.
