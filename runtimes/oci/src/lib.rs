@@ -6,6 +6,8 @@
 //! cgroup hierarchy, a writable state directory); sandboxes and containers
 //! arrive with the pod lifecycle.
 
+pub mod images;
+
 use std::path::{Path, PathBuf};
 
 use kinglet_runtime::{

@@ -1,0 +1,2 @@
+//! The image store (placeholder during construction).
+pub mod unpack;

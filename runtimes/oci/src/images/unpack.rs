@@ -1,0 +1,814 @@
+//! Applying image layers (tar, plain or gzip or zstd) to a directory.
+//!
+//! Every path is resolved with `openat2(RESOLVE_IN_ROOT)`: the destination
+//! acts as `/` for `..`, absolute paths and symlinks alike, so no entry of a
+//! hostile layer (`../x`, `/etc/x`, a write through `link -> /`) can create
+//! or change anything outside it. Entries whose names contain `..` are
+//! refused outright, failing the layer.
+//!
+//! Two whiteout modes: `Overlay` keeps whiteouts as overlayfs expects them
+//! in a lower layer (a 0:0 character device, `trusted.overlay.opaque=y`), so
+//! unpacked layers can be shared between images; `Apply` deletes what a
+//! whiteout hides, flattening layers into one tree where overlayfs is absent.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timestamps};
+use rustix::io::Errno;
+use sha2::{Digest, Sha256};
+
+/// What an unpack can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    #[error("layer entry {path:?} escapes the root ({why}); refusing the layer")]
+    Hostile { path: String, why: &'static str },
+    #[error("layer entry {path:?}: unsupported entry type {kind}")]
+    Unsupported { path: String, kind: String },
+    #[error("layer entry {path:?}: {source}")]
+    Entry { path: String, source: io::Error },
+    #[error("reading layer: {0}")]
+    Read(#[source] io::Error),
+    #[error("openat2 is not available (Linux 5.6 or newer is needed to unpack images safely): {0}")]
+    NoOpenat2(io::Error),
+}
+
+/// How whiteouts are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Whiteouts {
+    /// As overlayfs lower-layer markers.
+    Overlay,
+    /// By deleting what they hide.
+    Apply,
+}
+
+/// The outcome of applying one layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// `sha256:<hex>` of the uncompressed tar: the layer's DiffID.
+    pub diff_id: String,
+    /// Bytes of the uncompressed tar.
+    pub tar_bytes: u64,
+}
+
+const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// Wraps `r` in the decompressor its first bytes call for.
+pub fn decompress<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
+    let mut br = BufReader::with_capacity(64 * 1024, r);
+    let head = br.fill_buf()?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(br)))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let d = ruzstd::decoding::StreamingDecoder::new(br)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("zstd: {e}")))?;
+        Ok(Box::new(d))
+    } else {
+        Ok(Box::new(br))
+    }
+}
+
+/// Counts and hashes what passes through.
+struct Hashing<R> {
+    inner: R,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// The components of an entry path, with `.` and empty parts dropped.
+/// A `..` anywhere is hostile: no legitimate layer needs one.
+fn components(raw: &[u8]) -> Result<Vec<&OsStr>, UnpackError> {
+    let mut out = Vec::new();
+    for c in raw.split(|b| *b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                return Err(UnpackError::Hostile {
+                    path: String::from_utf8_lossy(raw).into_owned(),
+                    why: "'..' component",
+                });
+            }
+            c => out.push(OsStr::from_bytes(c)),
+        }
+    }
+    Ok(out)
+}
+
+fn join(comps: &[&OsStr]) -> Vec<u8> {
+    let mut p = Vec::new();
+    for (i, c) in comps.iter().enumerate() {
+        if i > 0 {
+            p.push(b'/');
+        }
+        p.extend_from_slice(c.as_bytes());
+    }
+    if p.is_empty() {
+        p.push(b'.');
+    }
+    p
+}
+
+fn in_root() -> ResolveFlags {
+    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC
+}
+
+/// Writes entries below one root directory, never outside it.
+pub struct RootWriter {
+    root: OwnedFd,
+    whiteouts: Whiteouts,
+}
+
+impl RootWriter {
+    /// Opens `dest` (which must exist) as the root.
+    pub fn open(dest: &Path, whiteouts: Whiteouts) -> io::Result<Self> {
+        let root = rustix::fs::open(dest, dir_flags(), Mode::empty())?;
+        Ok(RootWriter { root, whiteouts })
+    }
+
+    /// Opens the directory at `comps` (resolved inside the root), creating
+    /// missing directories on the way.
+    fn dir(&self, comps: &[&OsStr]) -> io::Result<OwnedFd> {
+        match rustix::fs::openat2(
+            &self.root,
+            join(comps),
+            dir_flags(),
+            Mode::empty(),
+            in_root(),
+        ) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut cur = rustix::fs::openat2(&self.root, ".", dir_flags(), Mode::empty(), in_root())?;
+        for i in 1..=comps.len() {
+            let prefix = join(&comps[..i]);
+            cur = match rustix::fs::openat2(
+                &self.root,
+                &prefix,
+                dir_flags(),
+                Mode::empty(),
+                in_root(),
+            ) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => {
+                    match rustix::fs::mkdirat(&cur, comps[i - 1], Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    rustix::fs::openat2(&self.root, &prefix, dir_flags(), Mode::empty(), in_root())?
+                }
+                Err(e) => return Err(e.into()),
+            };
+        }
+        Ok(cur)
+    }
+
+    /// Removes `name` in `parent`, recursively if it is a directory. Never
+    /// follows symlinks.
+    fn remove_all(parent: &OwnedFd, name: &OsStr) -> io::Result<()> {
+        match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => return Ok(()),
+            Err(Errno::ISDIR) | Err(Errno::PERM) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let dir = rustix::fs::openat(parent, name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())?;
+        Self::clear_dir(&dir, &HashSet::new(), &[])?;
+        match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes the children of `dir` whose paths (`base/child`) are not in
+    /// `keep`.
+    fn clear_dir(dir: &OwnedFd, keep: &HashSet<Vec<u8>>, base: &[u8]) -> io::Result<()> {
+        let mut names = Vec::new();
+        let mut it = rustix::fs::Dir::read_from(dir)?;
+        while let Some(ent) = it.next() {
+            let ent = ent?;
+            let n = ent.file_name().to_bytes();
+            if n == b"." || n == b".." {
+                continue;
+            }
+            names.push(n.to_vec());
+        }
+        for n in names {
+            let mut full = base.to_vec();
+            if !full.is_empty() {
+                full.push(b'/');
+            }
+            full.extend_from_slice(&n);
+            if keep.contains(&full) {
+                continue;
+            }
+            Self::remove_all(dir, OsStr::from_bytes(&n))?;
+        }
+        Ok(())
+    }
+
+    /// Makes room for a new entry `name`: a directory stays if a directory
+    /// is coming, anything else is removed.
+    fn clear_for(parent: &OwnedFd, name: &OsStr, new_is_dir: bool) -> io::Result<()> {
+        match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+            Ok(st) => {
+                let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Directory;
+                if is_dir && new_is_dir {
+                    Ok(())
+                } else {
+                    Self::remove_all(parent, name)
+                }
+            }
+        }
+    }
+}
+
+struct Meta {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    mtime: u64,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn set_fd_meta(fd: &OwnedFd, m: &Meta, times: bool) -> io::Result<()> {
+    rustix::fs::fchown(
+        fd,
+        Some(rustix::fs::Uid::from_raw(m.uid)),
+        Some(rustix::fs::Gid::from_raw(m.gid)),
+    )?;
+    // After chown, which clears set-id bits.
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(m.mode & 0o7777))?;
+    for (k, v) in &m.xattrs {
+        rustix::fs::fsetxattr(fd, OsStr::from_bytes(k), v, rustix::fs::XattrFlags::empty())?;
+    }
+    if times {
+        rustix::fs::futimens(fd, &stamp(m.mtime))?;
+    }
+    Ok(())
+}
+
+fn stamp(mtime: u64) -> Timestamps {
+    let t = rustix::fs::Timespec {
+        tv_sec: mtime.min(i64::MAX as u64) as i64,
+        tv_nsec: 0,
+    };
+    Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
+}
+
+/// Applies one layer tar (already decompressed) below `dest`.
+pub fn apply_layer(
+    reader: impl Read,
+    dest: &Path,
+    whiteouts: Whiteouts,
+) -> Result<Applied, UnpackError> {
+    let w = RootWriter::open(dest, whiteouts).map_err(UnpackError::Read)?;
+    // Probe openat2 once, so old kernels get one clear message.
+    rustix::fs::openat2(&w.root, ".", dir_flags(), Mode::empty(), in_root())
+        .map_err(|e| UnpackError::NoOpenat2(e.into()))?;
+    let hashing = Hashing {
+        inner: reader,
+        hash: Sha256::new(),
+        bytes: 0,
+    };
+    let mut archive = tar::Archive::new(hashing);
+    let mut created: HashSet<Vec<u8>> = HashSet::new();
+    let mut opaque: Vec<Vec<u8>> = Vec::new();
+    let mut dir_times: Vec<(Vec<u8>, u64)> = Vec::new();
+    {
+        let entries = archive.entries().map_err(UnpackError::Read)?;
+        for entry in entries {
+            let mut entry = entry.map_err(UnpackError::Read)?;
+            let raw = entry.path_bytes().into_owned();
+            let comps = components(&raw)?;
+            let Some((name, parents)) = comps.split_last() else {
+                continue; // the root itself
+            };
+            let path_str = String::from_utf8_lossy(&raw).into_owned();
+            let err = |source: io::Error| UnpackError::Entry {
+                path: path_str.clone(),
+                source,
+            };
+            let parent = w.dir(parents).map_err(err)?;
+            let name_b = name.as_bytes();
+
+            if let Some(hidden) = name_b.strip_prefix(b".wh.") {
+                if hidden == b".wh..opq" {
+                    match w.whiteouts {
+                        Whiteouts::Overlay => {
+                            rustix::fs::fsetxattr(
+                                &parent,
+                                OPAQUE_XATTR,
+                                b"y",
+                                rustix::fs::XattrFlags::empty(),
+                            )
+                            .map_err(|e| err(e.into()))?;
+                        }
+                        Whiteouts::Apply => opaque.push(join(parents)),
+                    }
+                } else {
+                    let hidden = OsStr::from_bytes(hidden);
+                    RootWriter::remove_all(&parent, hidden).map_err(err)?;
+                    if w.whiteouts == Whiteouts::Overlay {
+                        rustix::fs::mknodat(
+                            &parent,
+                            hidden,
+                            rustix::fs::FileType::CharacterDevice,
+                            Mode::empty(),
+                            rustix::fs::makedev(0, 0),
+                        )
+                        .map_err(|e| err(e.into()))?;
+                    }
+                }
+                continue;
+            }
+
+            let mut xattrs = Vec::new();
+            if let Ok(Some(exts)) = entry.pax_extensions() {
+                for ext in exts.flatten() {
+                    if let Some(k) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
+                        // Overlay markers come only from whiteout entries.
+                        if !k.starts_with(b"trusted.overlay.") {
+                            xattrs.push((k.to_vec(), ext.value_bytes().to_vec()));
+                        }
+                    }
+                }
+            }
+            let h = entry.header().clone();
+            let meta = Meta {
+                uid: h.uid().unwrap_or(0) as u32,
+                gid: h.gid().unwrap_or(0) as u32,
+                mode: h.mode().unwrap_or(0o644),
+                mtime: h.mtime().unwrap_or(0),
+                xattrs,
+            };
+            let kind = h.entry_type();
+            let full = join(&comps);
+            created.insert(full.clone());
+            let is_dir = kind == tar::EntryType::Directory;
+            RootWriter::clear_for(&parent, name, is_dir).map_err(err)?;
+            match kind {
+                tar::EntryType::Regular | tar::EntryType::Continuous => {
+                    let fd = rustix::fs::openat(
+                        &parent,
+                        *name,
+                        OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::WRONLY
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(0o600),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    let mut file = std::fs::File::from(fd);
+                    io::copy(&mut entry, &mut file).map_err(err)?;
+                    let fd = OwnedFd::from(file);
+                    set_fd_meta(&fd, &meta, true).map_err(err)?;
+                }
+                tar::EntryType::Directory => {
+                    match rustix::fs::mkdirat(&parent, *name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(err(e.into())),
+                    }
+                    let fd = rustix::fs::openat(
+                        &parent,
+                        *name,
+                        dir_flags() | OFlags::NOFOLLOW,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    set_fd_meta(&fd, &meta, false).map_err(err)?;
+                    dir_times.push((full, meta.mtime));
+                }
+                tar::EntryType::Symlink => {
+                    let target = entry
+                        .link_name_bytes()
+                        .ok_or_else(|| {
+                            err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "symlink without target",
+                            ))
+                        })?
+                        .into_owned();
+                    rustix::fs::symlinkat(OsStr::from_bytes(&target), &parent, *name)
+                        .map_err(|e| err(e.into()))?;
+                    rustix::fs::chownat(
+                        &parent,
+                        *name,
+                        Some(rustix::fs::Uid::from_raw(meta.uid)),
+                        Some(rustix::fs::Gid::from_raw(meta.gid)),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    rustix::fs::utimensat(
+                        &parent,
+                        *name,
+                        &stamp(meta.mtime),
+                        AtFlags::SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| err(e.into()))?;
+                }
+                tar::EntryType::Link => {
+                    let target = entry
+                        .link_name_bytes()
+                        .ok_or_else(|| {
+                            err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "hardlink without target",
+                            ))
+                        })?
+                        .into_owned();
+                    let tcomps = components(&target)?;
+                    let src = rustix::fs::openat2(
+                        &w.root,
+                        join(&tcomps),
+                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        in_root(),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    rustix::fs::linkat(&src, "", &parent, *name, AtFlags::EMPTY_PATH)
+                        .map_err(|e| err(e.into()))?;
+                }
+                tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+                    let ft = match kind {
+                        tar::EntryType::Char => rustix::fs::FileType::CharacterDevice,
+                        tar::EntryType::Block => rustix::fs::FileType::BlockDevice,
+                        _ => rustix::fs::FileType::Fifo,
+                    };
+                    let dev = rustix::fs::makedev(
+                        h.device_major().ok().flatten().unwrap_or(0),
+                        h.device_minor().ok().flatten().unwrap_or(0),
+                    );
+                    rustix::fs::mknodat(
+                        &parent,
+                        *name,
+                        ft,
+                        Mode::from_raw_mode(meta.mode & 0o7777),
+                        dev,
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    let fd = rustix::fs::openat(
+                        &parent,
+                        *name,
+                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    // O_PATH fds take chown/chmod through the /proc link.
+                    let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+                    rustix::fs::chown(
+                        proc.as_str(),
+                        Some(rustix::fs::Uid::from_raw(meta.uid)),
+                        Some(rustix::fs::Gid::from_raw(meta.gid)),
+                    )
+                    .map_err(|e| err(e.into()))?;
+                    rustix::fs::chmod(proc.as_str(), Mode::from_raw_mode(meta.mode & 0o7777))
+                        .map_err(|e| err(e.into()))?;
+                }
+                tar::EntryType::XGlobalHeader
+                | tar::EntryType::XHeader
+                | tar::EntryType::GNULongName
+                | tar::EntryType::GNULongLink => {}
+                other => {
+                    return Err(UnpackError::Unsupported {
+                        path: path_str,
+                        kind: format!("{other:?}"),
+                    });
+                }
+            }
+        }
+    }
+
+    // Opaque directories (Apply mode): drop what lower layers put there.
+    for dir in opaque {
+        let comps = components(&dir)?;
+        let fd = w.dir(&comps).map_err(UnpackError::Read)?;
+        let base = if comps.is_empty() {
+            Vec::new()
+        } else {
+            dir.clone()
+        };
+        RootWriter::clear_dir(&fd, &created, &base).map_err(UnpackError::Read)?;
+    }
+    // Directory times last: creating children changed them.
+    for (dir, mtime) in dir_times.into_iter().rev() {
+        let comps = components(&dir)?;
+        if let Ok(fd) = w.dir(&comps) {
+            let _ = rustix::fs::futimens(&fd, &stamp(mtime));
+        }
+    }
+
+    let mut rest = archive.into_inner();
+    io::copy(&mut rest, &mut io::sink()).map_err(UnpackError::Read)?;
+    Ok(Applied {
+        diff_id: format!("sha256:{}", hex::encode(rest.hash.finalize())),
+        tar_bytes: rest.bytes,
+    })
+}
+
+/// Whether the running kernel offers overlayfs.
+pub fn overlay_supported() -> bool {
+    std::fs::read_to_string("/proc/filesystems")
+        .is_ok_and(|s| s.lines().any(|l| l.ends_with("\toverlay")))
+}
+
+/// `AsFd` helper for tests and callers that hold a root fd.
+pub fn root_fd(w: &RootWriter) -> std::os::fd::BorrowedFd<'_> {
+    w.root.as_fd()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+    /// A tar built entry by entry; names are written raw so tests can craft
+    /// what `tar::Builder` would refuse.
+    #[derive(Default)]
+    pub struct TarBuf {
+        b: Vec<u8>,
+    }
+
+    impl TarBuf {
+        fn header(name: &[u8], kind: tar::EntryType, size: u64, mode: u32) -> tar::Header {
+            let mut h = tar::Header::new_gnu();
+            h.as_old_mut().name[..name.len()].copy_from_slice(name);
+            h.set_entry_type(kind);
+            h.set_size(size);
+            h.set_mode(mode);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1_700_000_000);
+            h.set_cksum();
+            h
+        }
+        fn push(&mut self, h: tar::Header, data: &[u8]) {
+            self.b.extend_from_slice(h.as_bytes());
+            self.b.extend_from_slice(data);
+            let pad = (512 - data.len() % 512) % 512;
+            self.b.extend(std::iter::repeat_n(0u8, pad));
+        }
+        pub fn file(mut self, name: &str, data: &[u8], mode: u32) -> Self {
+            let h = Self::header(
+                name.as_bytes(),
+                tar::EntryType::Regular,
+                data.len() as u64,
+                mode,
+            );
+            self.push(h, data);
+            self
+        }
+        pub fn dir(mut self, name: &str) -> Self {
+            let h = Self::header(name.as_bytes(), tar::EntryType::Directory, 0, 0o755);
+            self.push(h, &[]);
+            self
+        }
+        pub fn link(mut self, kind: tar::EntryType, name: &str, target: &str) -> Self {
+            let mut h = Self::header(name.as_bytes(), kind, 0, 0o777);
+            h.as_old_mut().linkname[..target.len()].copy_from_slice(target.as_bytes());
+            h.set_cksum();
+            self.push(h, &[]);
+            self
+        }
+        pub fn device(mut self, name: &str, major: u32, minor: u32) -> Self {
+            let mut h = Self::header(name.as_bytes(), tar::EntryType::Char, 0, 0o666);
+            h.set_device_major(major).unwrap();
+            h.set_device_minor(minor).unwrap();
+            h.set_cksum();
+            self.push(h, &[]);
+            self
+        }
+        pub fn xattr_file(mut self, name: &str, key: &str, value: &[u8]) -> Self {
+            let rec = {
+                let body = format!("SCHILY.xattr.{key}=");
+                let mut len = body.len() + value.len() + 2;
+                len += len.to_string().len();
+                let mut r = format!("{len} {body}").into_bytes();
+                r.extend_from_slice(value);
+                r.push(b'\n');
+                r
+            };
+            let h = Self::header(
+                b"././@PaxHeader",
+                tar::EntryType::XHeader,
+                rec.len() as u64,
+                0o644,
+            );
+            self.push(h, &rec);
+            self.file(name, b"x", 0o644)
+        }
+        pub fn finish(mut self) -> Vec<u8> {
+            self.b.extend(std::iter::repeat_n(0u8, 1024));
+            self.b
+        }
+    }
+
+    /// vfs_cap_data revision 2, effective, permitted = CAP_NET_RAW.
+    const CAP_NET_RAW: &[u8] = &[
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+
+    fn apply(tar: &[u8], dest: &Path, mode: Whiteouts) -> Result<Applied, UnpackError> {
+        apply_layer(decompress(tar).unwrap(), dest, mode)
+    }
+
+    #[test]
+    fn regular_tree_with_links_devices_and_xattrs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = TarBuf::default()
+            .dir("etc/")
+            .file("etc/passwd", b"root:x:0:0\n", 0o644)
+            .file("bin/tool", b"#!/bin/sh\n", 0o4755)
+            .link(tar::EntryType::Symlink, "bin/sh", "/bin/tool")
+            .link(tar::EntryType::Link, "bin/tool2", "bin/tool")
+            .device("dev/null", 1, 3)
+            .xattr_file("bin/ping", "security.capability", CAP_NET_RAW)
+            .finish();
+        let a = apply(&tar, dir.path(), Whiteouts::Overlay).unwrap();
+        assert_eq!(a.tar_bytes, tar.len() as u64);
+        assert_eq!(
+            a.diff_id,
+            format!("sha256:{}", hex::encode(Sha256::digest(&tar)))
+        );
+        let root = dir.path();
+        assert_eq!(
+            std::fs::read(root.join("etc/passwd")).unwrap(),
+            b"root:x:0:0\n"
+        );
+        let m = std::fs::metadata(root.join("bin/tool")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o4755);
+        assert_eq!(m.mtime(), 1_700_000_000);
+        assert_eq!(
+            std::fs::read_link(root.join("bin/sh")).unwrap(),
+            Path::new("/bin/tool")
+        );
+        assert_eq!(
+            std::fs::metadata(root.join("bin/tool2")).unwrap().ino(),
+            m.ino()
+        );
+        let d = std::fs::metadata(root.join("dev/null")).unwrap();
+        assert!(d.file_type().is_char_device());
+        assert_eq!(d.rdev(), rustix::fs::makedev(1, 3));
+        let mut buf = [0u8; 32];
+        let n =
+            rustix::fs::getxattr(root.join("bin/ping"), "security.capability", &mut buf).unwrap();
+        assert_eq!(&buf[..n], CAP_NET_RAW);
+    }
+
+    #[test]
+    fn gzip_and_zstd_layers_give_the_same_diff_id() {
+        let tar = TarBuf::default().file("a", b"hello", 0o644).finish();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &tar).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = ruzstd::encoding::compress_to_vec(
+            &tar[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        let plain = apply(&tar, tempfile::tempdir().unwrap().path(), Whiteouts::Apply).unwrap();
+        for c in [&gz, &zst] {
+            let d = tempfile::tempdir().unwrap();
+            assert_eq!(apply(c, d.path(), Whiteouts::Apply).unwrap(), plain);
+            assert_eq!(std::fs::read(d.path().join("a")).unwrap(), b"hello");
+        }
+    }
+
+    #[test]
+    fn whiteouts_in_overlay_and_apply_modes() {
+        let lower = TarBuf::default()
+            .file("keep", b"1", 0o644)
+            .file("gone", b"2", 0o644)
+            .file("opq/old", b"3", 0o644)
+            .finish();
+        let upper = TarBuf::default()
+            .file(".wh.gone", b"", 0o644)
+            .file("opq/new", b"4", 0o644)
+            .file("opq/.wh..wh..opq", b"", 0o644)
+            .finish();
+
+        // Overlay: markers, as overlayfs reads them from a lower dir.
+        let o = tempfile::tempdir().unwrap();
+        apply(&upper, o.path(), Whiteouts::Overlay).unwrap();
+        let wh = std::fs::symlink_metadata(o.path().join("gone")).unwrap();
+        assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+        let mut buf = [0u8; 4];
+        let n = rustix::fs::getxattr(o.path().join("opq"), OPAQUE_XATTR, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"y");
+
+        // Apply: deletion, keeping what the same layer wrote.
+        let f = tempfile::tempdir().unwrap();
+        apply(&lower, f.path(), Whiteouts::Apply).unwrap();
+        apply(&upper, f.path(), Whiteouts::Apply).unwrap();
+        assert!(f.path().join("keep").exists());
+        assert!(!f.path().join("gone").exists());
+        assert!(!f.path().join("opq/old").exists());
+        assert_eq!(std::fs::read(f.path().join("opq/new")).unwrap(), b"4");
+    }
+
+    /// A directory beside the root that hostile layers try to reach.
+    fn sandbox() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let outside = d.path().join("outside");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("victim"), b"safe").unwrap();
+        (d, root, outside)
+    }
+
+    fn entries_outside(outside: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn hostile_layers_write_nothing_outside() {
+        let (_d, root, outside) = sandbox();
+        let out = outside.to_str().unwrap().to_string();
+
+        // `..` in a name: refused.
+        let t = TarBuf::default()
+            .file("../outside/evil", b"x", 0o644)
+            .finish();
+        assert!(matches!(
+            apply(&t, &root, Whiteouts::Apply),
+            Err(UnpackError::Hostile { .. })
+        ));
+        let t = TarBuf::default()
+            .link(tar::EntryType::Link, "x", "../outside/victim")
+            .finish();
+        assert!(matches!(
+            apply(&t, &root, Whiteouts::Apply),
+            Err(UnpackError::Hostile { .. })
+        ));
+
+        // Absolute names land inside the root.
+        let t = TarBuf::default()
+            .file(&format!("{out}/abs"), b"x", 0o644)
+            .finish();
+        apply(&t, &root, Whiteouts::Apply).unwrap();
+        assert!(root.join(out.trim_start_matches('/')).join("abs").exists());
+
+        // Writes through symlinks that point outside stay inside.
+        let t = TarBuf::default()
+            .link(tar::EntryType::Symlink, "up", "../../..")
+            .file("up/outside/evil1", b"x", 0o644)
+            .link(tar::EntryType::Symlink, "abs", &out)
+            .file("abs/evil2", b"x", 0o644)
+            .link(tar::EntryType::Symlink, "victim", &format!("{out}/victim"))
+            .file("victim", b"overwritten?", 0o644)
+            .finish();
+        apply(&t, &root, Whiteouts::Apply).unwrap();
+        assert!(root.join("outside/evil1").exists());
+        assert!(
+            root.join(out.trim_start_matches('/'))
+                .join("evil2")
+                .exists()
+        );
+        // The symlink itself was replaced, not followed.
+        assert_eq!(std::fs::read(root.join("victim")).unwrap(), b"overwritten?");
+
+        // A hardlink to a path outside resolves inside (and is missing there).
+        let t = TarBuf::default()
+            .link(tar::EntryType::Link, "hl", &format!("{out}/victim"))
+            .finish();
+        assert!(apply(&t, &root, Whiteouts::Apply).is_err());
+
+        // Whiteouts cannot delete outside either.
+        let t = TarBuf::default()
+            .link(tar::EntryType::Symlink, "w", &out)
+            .file("w/.wh.victim", b"", 0o644)
+            .finish();
+        apply(&t, &root, Whiteouts::Apply).unwrap();
+
+        assert_eq!(entries_outside(&outside), ["victim"]);
+        assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"safe");
+    }
+}
