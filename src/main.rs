@@ -7,6 +7,7 @@
 mod backoff;
 mod config;
 mod health;
+mod images;
 mod node;
 
 use std::net::SocketAddr;
@@ -23,7 +24,29 @@ use tracing::{error, info, warn};
 use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let mut flags = Flags::parse();
+    // One TLS provider for every client (the API and registries).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(config::flags::Command::Images(cmd)) = flags.command.take() {
+        init_logging(&config::Logging::default());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        let result = rt.map_err(anyhow::Error::from).and_then(|rt| {
+            rt.block_on(images::command(
+                cmd,
+                &flags.root_dir,
+                &flags.image_registry_config,
+            ))
+        });
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("kinglet: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let mut warnings = Vec::new();
     let hostname = || sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into());
     let settings = match flags.settings(hostname, &mut |w| warnings.push(w)) {
@@ -115,9 +138,26 @@ async fn run(s: Settings) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     let cfg = &s.config;
+    let mut tasks = Vec::new();
+
+    let store = images::open_store(&s.root_dir)?;
+    // A bad registry configuration is a start-up error, like a bad config;
+    // the puller is handed to the pod workers when they land.
+    let _puller = images::puller(store.clone(), &s.registry_config)?;
+    tasks.push(tokio::spawn(images::watch_import_dir(
+        store.clone(),
+        s.import_dir.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(images::gc_loop(
+        store.clone(),
+        cfg.image_gc_high_threshold_percent as u8,
+        cfg.image_gc_low_threshold_percent as u8,
+        cfg.image_minimum_gc_age.0,
+        shutdown.clone(),
+    )));
     let update = cfg.node_status_update_frequency.0;
     let heartbeat = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
-    let mut tasks = Vec::new();
 
     if cfg.healthz_port != 0 {
         let ip = cfg

@@ -36,10 +36,45 @@ pub enum LogFormat {
     Json,
 }
 
+/// Operator commands; without one, kinglet runs as the node agent.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Manage the image store (safe while the agent runs).
+    #[command(subcommand)]
+    Images(ImagesCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ImagesCommand {
+    /// Import OCI-layout or docker-save tarballs (plain, gzip or zstd).
+    Import {
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+    /// Pull an image from a registry.
+    Pull {
+        #[arg(value_name = "REF")]
+        image: String,
+        /// Registry credentials as USER:PASSWORD.
+        #[arg(long, value_name = "USER:PASSWORD")]
+        creds: Option<String>,
+    },
+    /// List images.
+    Ls,
+    /// Remove images by name, digest or ID.
+    Rm {
+        #[arg(required = true, value_name = "REF")]
+        images: Vec<String>,
+    },
+}
+
 /// kinglet: a kubelet for small machines.
 #[derive(Debug, Parser)]
 #[command(name = "kinglet", version = VERSION_LINE, about, max_term_width = 100)]
 pub struct Flags {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// KubeletConfiguration file (kubelet.config.k8s.io/v1beta1, YAML or JSON).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -66,8 +101,26 @@ pub struct Flags {
     pub register_with_taints: Vec<String>,
 
     /// Directory for kinglet's state.
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/kinglet")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = "/var/lib/kinglet"
+    )]
     pub root_dir: PathBuf,
+
+    /// Registry configuration (mirrors, plain HTTP, CAs, credentials).
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        default_value = "/etc/kinglet/registries.yaml"
+    )]
+    pub image_registry_config: PathBuf,
+
+    /// Directory watched for image archives to import [default: <root-dir>/images/import].
+    #[arg(long, value_name = "DIR")]
+    pub image_import_dir: Option<PathBuf>,
 
     /// Container runtime.
     #[arg(long, value_enum, default_value_t = RuntimeKind::Oci)]
@@ -101,6 +154,8 @@ pub struct Settings {
     pub node_labels: BTreeMap<String, String>,
     pub root_dir: PathBuf,
     pub runtime: RuntimeKind,
+    pub registry_config: PathBuf,
+    pub import_dir: PathBuf,
 }
 
 impl Flags {
@@ -173,6 +228,11 @@ impl Flags {
             node_labels,
             root_dir: self.root_dir.clone(),
             runtime: self.runtime,
+            registry_config: self.image_registry_config.clone(),
+            import_dir: self
+                .image_import_dir
+                .clone()
+                .unwrap_or_else(|| self.root_dir.join("images/import")),
         })
     }
 }

@@ -4,6 +4,9 @@
 //! are killed and cleaned up when dropped.
 #![allow(dead_code)]
 
+pub mod oci;
+pub mod registry;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -114,6 +117,9 @@ pub struct Kinglet {
     pub dir: tempfile::TempDir,
     pub healthz_port: u16,
     pub config: PathBuf,
+    /// Joined to the test cluster (else standalone).
+    pub joined: bool,
+    pub extra_args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -124,6 +130,15 @@ impl Kinglet {
     /// Starts kinglet as node `name` joined to the test cluster, with the
     /// given extra config lines.
     pub fn start(name: &str, extra_config: &str) -> Self {
+        Self::start_with(name, extra_config, true, &[])
+    }
+
+    /// Starts kinglet without an API server.
+    pub fn standalone(name: &str, extra_config: &str, extra_args: &[&str]) -> Self {
+        Self::start_with(name, extra_config, false, extra_args)
+    }
+
+    fn start_with(name: &str, extra_config: &str, joined: bool, extra_args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let healthz_port = free_port();
         let config = dir.path().join("config.yaml");
@@ -139,6 +154,8 @@ impl Kinglet {
             dir,
             healthz_port,
             config,
+            joined,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         k.spawn();
@@ -148,17 +165,19 @@ impl Kinglet {
     /// Starts the process (again) on the same root dir and config.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let kubeconfig = node_kubeconfig(&self.name);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.path().join("kinglet.log"))
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kinglet"));
+        if self.joined {
+            cmd.arg("--kubeconfig").arg(node_kubeconfig(&self.name));
+        }
+        let child = cmd
             .arg("--config")
             .arg(&self.config)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
+            .args(&self.extra_args)
             .args(["--hostname-override", &self.name, "--node-ip", "127.0.0.1"])
             .arg("--root-dir")
             .arg(self.dir.path().join("root"))
@@ -229,6 +248,9 @@ impl Drop for Kinglet {
         }
         if std::thread::panicking() {
             eprintln!("--- kinglet log of {} ---\n{}", self.name, self.log());
+        }
+        if !self.joined {
+            return;
         }
         // The Node outlives kinglet in the API, as upstream's does; tests
         // remove their own so the shared cluster stays clean.

@@ -200,8 +200,7 @@ impl RootWriter {
     /// `keep`.
     fn clear_dir(dir: &OwnedFd, keep: &HashSet<Vec<u8>>, base: &[u8]) -> io::Result<()> {
         let mut names = Vec::new();
-        let mut it = rustix::fs::Dir::read_from(dir)?;
-        while let Some(ent) = it.next() {
+        for ent in rustix::fs::Dir::read_from(dir)? {
             let ent = ent?;
             let n = ent.file_name().to_bytes();
             if n == b"." || n == b".." {

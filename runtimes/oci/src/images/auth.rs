@@ -1,0 +1,279 @@
+//! Registry settings and credentials: the registry configuration file
+//! (mirrors, plain HTTP, CA, credentials per registry, in the spirit of k3s's
+//! `registries.yaml`) and `kubernetes.io/dockerconfigjson` pull secrets.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use base64::Engine;
+use serde::Deserialize;
+
+/// `registries.yaml`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistriesConfig {
+    /// Registry host (`docker.io`, `registry.local:5000`) → mirrors tried first.
+    #[serde(default)]
+    pub mirrors: BTreeMap<String, Mirror>,
+    /// Registry or mirror host → how to talk to it.
+    #[serde(default)]
+    pub configs: BTreeMap<String, HostConfig>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Mirror {
+    /// `https://host[:port]` or `http://host[:port]`, in order.
+    pub endpoint: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    #[serde(default)]
+    pub auth: Option<Credentials>,
+    #[serde(default)]
+    pub tls: Option<Tls>,
+    /// Speak plain HTTP to this host.
+    #[serde(default)]
+    pub plain_http: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM CA bundle trusted for this host (in addition to the system's).
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+}
+
+/// Where one pull goes: host, scheme and how to authenticate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Endpoint {
+    pub host: String,
+    pub plain_http: bool,
+    pub ca_pem: Option<Vec<u8>>,
+    pub insecure: bool,
+}
+
+impl RegistriesConfig {
+    /// Reads the file; a missing file means no configuration.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        match std::fs::read_to_string(path) {
+            Ok(text) if text.trim().is_empty() => Ok(Self::default()),
+            Ok(text) => {
+                serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
+            Err(e) => Err(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// The endpoints to try for `registry`, mirrors first. Hosts on loopback
+    /// speak plain HTTP unless configured otherwise, as containerd allows.
+    pub fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, String> {
+        let mut out = Vec::new();
+        if let Some(m) = self.mirrors.get(registry) {
+            for e in &m.endpoint {
+                let (plain, host) = match e.split_once("://") {
+                    Some(("http", h)) => (true, h),
+                    Some(("https", h)) => (false, h),
+                    _ => (false, e.as_str()),
+                };
+                let host = host.trim_end_matches('/');
+                out.push(self.endpoint(host, Some(plain))?);
+            }
+        }
+        let direct = self.endpoint(registry, None)?;
+        if direct.plain_http && !self.configs.get(registry).is_some_and(|c| c.plain_http) {
+            // Loopback without configuration: HTTPS first, then plain HTTP,
+            // as docker treats 127.0.0.0/8 and containerd localhost.
+            out.push(Endpoint {
+                plain_http: false,
+                ..direct.clone()
+            });
+        }
+        out.push(direct);
+        Ok(out)
+    }
+
+    fn endpoint(&self, host: &str, plain: Option<bool>) -> Result<Endpoint, String> {
+        let cfg = self.configs.get(host).cloned().unwrap_or_default();
+        let ca_pem = match cfg.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+            Some(f) => {
+                Some(std::fs::read(f).map_err(|e| format!("registry {host}: ca_file {f}: {e}"))?)
+            }
+            None => None,
+        };
+        Ok(Endpoint {
+            host: host.to_string(),
+            plain_http: plain.unwrap_or(false)
+                || cfg.plain_http
+                || (cfg.tls.is_none() && is_loopback(host)),
+            ca_pem,
+            insecure: cfg.tls.as_ref().is_some_and(|t| t.insecure_skip_verify),
+        })
+    }
+
+    /// Credentials configured for `host`.
+    pub fn credentials(&self, host: &str) -> Option<Credentials> {
+        self.configs.get(host).and_then(|c| c.auth.clone())
+    }
+}
+
+/// Whether `host[:port]` names this machine.
+pub fn is_loopback(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']').next().unwrap_or(rest)
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    name == "localhost"
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// One `.dockerconfigjson` pull secret.
+#[derive(Debug, Default, Deserialize)]
+pub struct DockerConfig {
+    #[serde(default)]
+    pub auths: BTreeMap<String, DockerAuth>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DockerAuth {
+    #[serde(default)]
+    pub auth: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+}
+
+/// The registry key a dockerconfig entry is for: `https://index.docker.io/v1/`
+/// and friends mean `docker.io`; a scheme and path are dropped.
+fn auth_key_host(key: &str) -> String {
+    let k = key.split_once("://").map_or(key, |(_, rest)| rest);
+    let host = k.split('/').next().unwrap_or(k);
+    match host {
+        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
+            "docker.io".into()
+        }
+        h => h.to_string(),
+    }
+}
+
+/// Credentials for `registry` from pull secrets (each the raw
+/// `.dockerconfigjson` value), first match wins, as the kubelet tries them.
+pub fn credentials_from_secrets(secrets: &[Vec<u8>], registry: &str) -> Vec<Credentials> {
+    let mut out = Vec::new();
+    for raw in secrets {
+        let Ok(cfg) = serde_json::from_slice::<DockerConfig>(raw) else {
+            continue;
+        };
+        for (key, a) in cfg.auths {
+            if auth_key_host(&key) != registry {
+                continue;
+            }
+            if let (Some(u), Some(p)) = (&a.username, &a.password) {
+                out.push(Credentials {
+                    username: u.clone(),
+                    password: p.clone(),
+                });
+            } else if let Some(enc) = &a.auth {
+                let Ok(dec) = base64::engine::general_purpose::STANDARD.decode(enc.trim()) else {
+                    continue;
+                };
+                if let Some((u, p)) = String::from_utf8_lossy(&dec).split_once(':') {
+                    out.push(Credentials {
+                        username: u.into(),
+                        password: p.into(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "localhost:5000",
+            "127.0.0.1:5000",
+            "127.1.2.3",
+            "[::1]:5000",
+        ] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in [
+            "docker.io",
+            "10.0.0.1:5000",
+            "registry.local:5000",
+            "[2001:db8::1]:443",
+        ] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn registries_yaml() {
+        let cfg: RegistriesConfig = serde_saphyr::from_str(
+            "mirrors:\n  docker.io:\n    endpoint: [\"http://10.0.0.5:5000\", \"https://mirror.example\"]\nconfigs:\n  mirror.example:\n    auth: {username: u, password: p}\n  reg.local:5443:\n    tls: {insecure_skip_verify: true}\n",
+        )
+        .unwrap();
+        let e = cfg.endpoints("docker.io").unwrap();
+        assert_eq!(e.len(), 3);
+        assert_eq!(
+            (e[0].host.as_str(), e[0].plain_http),
+            ("10.0.0.5:5000", true)
+        );
+        assert_eq!(
+            (e[1].host.as_str(), e[1].plain_http),
+            ("mirror.example", false)
+        );
+        assert_eq!(e[2].host, "docker.io");
+        assert_eq!(cfg.credentials("mirror.example").unwrap().username, "u");
+        let r = cfg.endpoints("reg.local:5443").unwrap();
+        assert!(r[0].insecure && !r[0].plain_http);
+        let local = cfg.endpoints("127.0.0.1:5000").unwrap();
+        assert_eq!(
+            local.iter().map(|e| e.plain_http).collect::<Vec<_>>(),
+            [false, true]
+        );
+        assert!(serde_saphyr::from_str::<RegistriesConfig>("mirors: {}\n").is_err());
+    }
+
+    #[test]
+    fn pull_secrets() {
+        let a = br#"{"auths":{"https://index.docker.io/v1/":{"auth":"dXNlcjpwYXNz"},"reg.local:5000":{"username":"x","password":"y"}}}"#;
+        let hub = credentials_from_secrets(&[a.to_vec()], "docker.io");
+        assert_eq!(
+            hub,
+            [Credentials {
+                username: "user".into(),
+                password: "pass".into()
+            }]
+        );
+        assert_eq!(
+            credentials_from_secrets(&[a.to_vec()], "reg.local:5000")[0].username,
+            "x"
+        );
+        assert!(credentials_from_secrets(&[a.to_vec(), b"garbage".to_vec()], "quay.io").is_empty());
+    }
+}

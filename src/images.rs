@@ -1,0 +1,302 @@
+//! kinglet's side of the image store: the `kinglet images` commands, the
+//! import directory watched for archives (inotify, no polling), and the
+//! periodic image garbage collection.
+
+use std::collections::HashSet;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kinglet_runtime_oci::images::auth::{Credentials, RegistriesConfig};
+use kinglet_runtime_oci::images::registry::Puller;
+use kinglet_runtime_oci::images::{ImageStore, Index, parse_reference};
+use rustix::fs::inotify;
+use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::flags::ImagesCommand;
+
+/// The store under `<root-dir>/images`.
+pub fn open_store(root_dir: &Path) -> anyhow::Result<Arc<ImageStore>> {
+    let dir = root_dir.join("images");
+    Ok(Arc::new(ImageStore::open(&dir).with_context(|| {
+        format!("cannot open the image store at {}", dir.display())
+    })?))
+}
+
+pub fn puller(store: Arc<ImageStore>, registry_config: &Path) -> anyhow::Result<Puller> {
+    let cfg = RegistriesConfig::load(registry_config)
+        .map_err(|e| anyhow::anyhow!("registry configuration: {e}"))?;
+    Ok(Puller::new(store, cfg))
+}
+
+/// Runs one `kinglet images` command.
+pub async fn command(
+    cmd: ImagesCommand,
+    root_dir: &Path,
+    registry_config: &Path,
+) -> anyhow::Result<()> {
+    let store = open_store(root_dir)?;
+    match cmd {
+        ImagesCommand::Import { files } => {
+            for f in files {
+                let s = store.clone();
+                let file = f.clone();
+                let out = tokio::task::spawn_blocking(move || s.import_archive(&file)).await??;
+                for (img, names) in out.images {
+                    let shown = if names.is_empty() {
+                        img.id.clone()
+                    } else {
+                        names.join(", ")
+                    };
+                    println!("imported {shown} ({})", short_id(&img.id));
+                }
+            }
+        }
+        ImagesCommand::Pull { image, creds } => {
+            let creds: Vec<Credentials> = match creds {
+                Some(c) => {
+                    let (u, p) = c.split_once(':').context("--creds must be USER:PASSWORD")?;
+                    vec![Credentials {
+                        username: u.into(),
+                        password: p.into(),
+                    }]
+                }
+                None => Vec::new(),
+            };
+            let rec = puller(store, registry_config)?.pull(&image, &creds).await?;
+            println!("pulled {image} ({})", short_id(&rec.id));
+        }
+        ImagesCommand::Ls => print!("{}", table(&store.read_index()?)),
+        ImagesCommand::Rm { images } => {
+            for i in images {
+                let removed = store.remove(&i)?;
+                println!("untagged {i}");
+                for id in removed {
+                    println!("deleted {id}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn short_id(id: &str) -> &str {
+    let hex = id.strip_prefix("sha256:").unwrap_or(id);
+    &hex[..hex.len().min(13)]
+}
+
+fn human(bytes: u64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < units.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{v:.1}{}", units[u])
+    }
+}
+
+/// `crictl images`-style listing: IMAGE, TAG, IMAGE ID, SIZE.
+pub fn table(index: &Index) -> String {
+    let mut rows = vec![[
+        "IMAGE".to_string(),
+        "TAG".into(),
+        "IMAGE ID".into(),
+        "SIZE".into(),
+    ]];
+    for img in index.images.values() {
+        let names = index.names_of(&img.id);
+        let size = human(img.size);
+        if names.is_empty() {
+            rows.push([
+                "<none>".into(),
+                "<none>".into(),
+                short_id(&img.id).into(),
+                size.clone(),
+            ]);
+        }
+        for n in names {
+            let (repo, tag) = match parse_reference(&n) {
+                Ok(r) => (
+                    format!("{}/{}", r.registry(), r.repository()),
+                    r.tag().unwrap_or("<none>").to_string(),
+                ),
+                Err(_) => (n.clone(), "<none>".into()),
+            };
+            rows.push([repo, tag, short_id(&img.id).into(), size.clone()]);
+        }
+    }
+    let widths: Vec<usize> = (0..4)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Imports one archive from the import dir: removed on success, moved to
+/// `failed/` with a `.error` note otherwise, so it is never retried forever.
+async fn import_one(store: &Arc<ImageStore>, dir: &Path, file: PathBuf) {
+    let s = store.clone();
+    let f = file.clone();
+    let res = tokio::task::spawn_blocking(move || s.import_archive(&f)).await;
+    let name = file
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    match res {
+        Ok(Ok(out)) => {
+            for (img, names) in &out.images {
+                info!(archive = %name, image = %names.join(","), id = %img.id, "imported image archive");
+            }
+            if let Err(e) = std::fs::remove_file(&file) {
+                warn!(archive = %name, error = %e, "imported, but cannot remove the archive");
+            }
+        }
+        Ok(Err(e)) => {
+            warn!(archive = %name, error = %e, "image archive rejected; moved to failed/");
+            let failed = dir.join("failed");
+            let _ = std::fs::create_dir_all(&failed);
+            let _ = std::fs::rename(&file, failed.join(&name));
+            let _ = std::fs::write(failed.join(format!("{name}.error")), format!("{e}\n"));
+        }
+        Err(e) => warn!(archive = %name, error = %e, "import task failed"),
+    }
+}
+
+/// Whether a directory entry is an archive ready to import (not hidden, not
+/// a partial copy).
+fn importable(path: &Path) -> bool {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    !name.starts_with('.')
+        && !name.ends_with(".tmp")
+        && !name.ends_with(".part")
+        && std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// Imports what is in `dir` now, then whatever is closed after writing or
+/// moved into it, until `shutdown`.
+pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: CancellationToken) {
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        warn!(dir = %dir.display(), error = %e, "cannot create the image import dir; imports are off");
+        return;
+    }
+    let fd = match inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+        .and_then(|fd| {
+            inotify::add_watch(
+                &fd,
+                &dir,
+                inotify::WatchFlags::CLOSE_WRITE | inotify::WatchFlags::MOVED_TO,
+            )?;
+            Ok(fd)
+        }) {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "cannot watch the image import dir; imports are off");
+            return;
+        }
+    };
+    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open
+    // and refers to the same inotify instance until the AsyncFd is dropped.
+    let afd = match unsafe { AsyncFd::register(fd) } {
+        Ok(a) => a,
+        Err(e) => {
+            warn!(error = %e, "cannot register the inotify fd");
+            return;
+        }
+    };
+    // What was dropped while kinglet was not running.
+    let mut pending: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| importable(p))
+                .collect()
+        })
+        .unwrap_or_default();
+    pending.sort();
+    for f in pending {
+        import_one(&store, &dir, f).await;
+    }
+    info!(dir = %dir.display(), "watching for image archives");
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    loop {
+        let mut guard = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            g = afd.readable() => match g { Ok(g) => g, Err(_) => return },
+        };
+        let mut names = Vec::new();
+        {
+            let mut reader = inotify::Reader::new(afd.get_ref(), &mut buf);
+            loop {
+                match reader.next() {
+                    Ok(ev) => {
+                        if let Some(n) = ev.file_name() {
+                            names.push(dir.join(std::ffi::OsStr::from_bytes(n.to_bytes())));
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "reading inotify events failed");
+                        guard.clear_ready();
+                        break;
+                    }
+                }
+            }
+        }
+        names.dedup();
+        for f in names {
+            if importable(&f) {
+                import_one(&store, &dir, f).await;
+            }
+        }
+    }
+}
+
+/// Image GC every 5 minutes (upstream's `ImageGCPeriod`), by the configured
+/// thresholds, never removing an image a container uses.
+pub async fn gc_loop(
+    store: Arc<ImageStore>,
+    high: u8,
+    low: u8,
+    min_age: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let s = store.clone();
+        // No pods run through the image store yet, so nothing is in use.
+        let in_use = HashSet::new();
+        match tokio::task::spawn_blocking(move || s.gc(high, low, &in_use, min_age)).await {
+            Ok(Ok(removed)) if !removed.is_empty() => {
+                info!(images = ?removed, "image garbage collection removed images")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "image garbage collection failed"),
+            Err(e) => warn!(error = %e, "image garbage collection task failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(300)) => {}
+        }
+    }
+}
