@@ -189,6 +189,7 @@ impl NodeAgent {
         let mut last_sent: Option<(NodeStatus, Instant)> = None;
         let mut last_conditions: BTreeMap<String, String> = BTreeMap::new();
         let mut started_event = false;
+        let mut seen_ours = false;
 
         loop {
             // The server's copy of our Node, if the watch has it and it is the
@@ -197,6 +198,7 @@ impl NodeAgent {
                 .borrow_and_update()
                 .clone()
                 .filter(|n| registered_uid.is_some() && n.metadata.uid == registered_uid);
+            seen_ours |= server.is_some();
             if let Some(st) = server.as_ref().and_then(|n| n.status.as_ref()) {
                 builder.observe(st);
             }
@@ -302,8 +304,17 @@ impl NodeAgent {
                         if r.is_err() { return }
                         // Only a deletion cuts the wait short; other changes
                         // are picked up at the next round.
-                        let deleted = observed.borrow().is_none();
+                        let current = observed.borrow().as_ref().map(|n| n.metadata.uid.clone());
+                        match current {
+                            Some(uid) if uid.is_some() && uid == registered_uid => seen_ours = true,
+                            _ => {}
+                        }
+                        // A watch that started before registration reports
+                        // the node missing; only a node seen to exist and
+                        // then gone was deleted.
+                        let deleted = observed.borrow().is_none() && seen_ours;
                         if deleted && registered_uid.take().is_some() {
+                            seen_ours = false;
                             warn!(node = %name, "node object was deleted; registering again");
                             uid_tx.send_replace(None);
                             last_sent = None;
