@@ -6,7 +6,9 @@
 //! cgroup hierarchy, a writable state directory); sandboxes and containers
 //! arrive with the pod lifecycle.
 
+pub mod container;
 pub mod images;
+pub mod spec;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,152 @@
+//! One container through youki's `libcontainer`: create (the init process
+//! waits), start, signal, delete. Called only from the monitor process,
+//! which is single-threaded: libcontainer forks, and forking a
+//! multi-threaded process is unsafe.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use libcontainer::container::Container;
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::signal::Signal;
+use libcontainer::syscall::syscall::SyscallType;
+
+/// A libcontainer failure, with the container it concerns.
+#[derive(Debug, thiserror::Error)]
+#[error("container {id}: {message}")]
+pub struct ContainerError {
+    pub id: String,
+    pub message: String,
+}
+
+fn err(id: &str, e: impl std::fmt::Display) -> ContainerError {
+    ContainerError {
+        id: id.into(),
+        message: e.to_string(),
+    }
+}
+
+/// Creates the container from `bundle` (config.json + rootfs); its init
+/// process waits for `start`. Returns the init pid.
+pub fn create(
+    state_root: &Path,
+    id: &str,
+    bundle: &Path,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> Result<i32, ContainerError> {
+    std::fs::create_dir_all(state_root).map_err(|e| err(id, e))?;
+    let container = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_root_path(state_root)
+        .map_err(|e| err(id, e))?
+        .validate_id()
+        .map_err(|e| err(id, e))?
+        .with_stdin(stdin)
+        .with_stdout(stdout)
+        .with_stderr(stderr)
+        .as_init(bundle)
+        .with_systemd(false)
+        .with_detach(true)
+        .build()
+        .map_err(|e| err(id, format!("create: {e}")))?;
+    container
+        .pid()
+        .map(|p| p.as_raw())
+        .ok_or_else(|| err(id, "created without an init pid"))
+}
+
+fn load(state_root: &Path, id: &str) -> Result<Container, ContainerError> {
+    Container::load(state_root.join(id)).map_err(|e| err(id, format!("load: {e}")))
+}
+
+pub fn start(state_root: &Path, id: &str) -> Result<(), ContainerError> {
+    load(state_root, id)?
+        .start()
+        .map_err(|e| err(id, format!("start: {e}")))
+}
+
+pub fn kill(state_root: &Path, id: &str, signal: i32) -> Result<(), ContainerError> {
+    let sig = Signal::try_from(signal).map_err(|e| err(id, e))?;
+    let mut c = load(state_root, id)?;
+    c.kill(sig, true).map_err(|e| err(id, format!("kill: {e}")))
+}
+
+/// Removes the container (killing what is left) and its cgroup.
+pub fn delete(state_root: &Path, id: &str) -> Result<(), ContainerError> {
+    match load(state_root, id) {
+        Ok(mut c) => c.delete(true).map_err(|e| err(id, format!("delete: {e}"))),
+        // Nothing recorded: already gone.
+        Err(_) if !state_root.join(id).exists() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::ContainerConfig;
+    use std::io::Read;
+
+    /// A rootfs with busybox-static, as the tests' images have.
+    pub fn busybox_rootfs(dir: &Path) {
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        std::fs::copy("/bin/busybox", dir.join("bin/busybox")).unwrap();
+        for app in ["sh", "echo", "cat", "sleep", "ls", "id"] {
+            std::os::unix::fs::symlink("busybox", dir.join("bin").join(app)).unwrap();
+        }
+    }
+
+    #[test]
+    fn runs_a_container_and_collects_its_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        let rootfs = bundle.join("rootfs");
+        busybox_rootfs(&rootfs);
+        let id = format!("probe-{}", std::process::id());
+        let cfg = ContainerConfig {
+            args: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo hello from $(id -u); exit 3".into(),
+            ],
+            env: vec!["PATH=/bin".into()],
+            rootfs: rootfs.clone(),
+            hostname: "probe".into(),
+            cgroups_path: format!("kinglet-test/{id}"),
+            host_network: true,
+            ..Default::default()
+        };
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec(&cfg.to_spec()).unwrap(),
+        )
+        .unwrap();
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        let devnull = std::fs::File::open("/dev/null").unwrap();
+        let w2 = w.try_clone().unwrap();
+        let state = dir.path().join("state");
+        let pid = create(&state, &id, &bundle, devnull.into(), w, w2).unwrap();
+        start(&state, &id).unwrap();
+        let st = rustix::process::waitpid(
+            Some(rustix::process::Pid::from_raw(pid).unwrap()),
+            rustix::process::WaitOptions::empty(),
+        )
+        .unwrap()
+        .unwrap();
+        let mut out = String::new();
+        std::fs::File::from(r).read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hello from 0\n");
+        assert_eq!(st.1.exit_status(), Some(3));
+        delete(&state, &id).unwrap();
+        for base in [
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/memory",
+            "/sys/fs/cgroup/pids",
+        ] {
+            let p = Path::new(base).join("kinglet-test").join(&id);
+            assert!(!p.exists(), "cgroup {} leaked", p.display());
+            let _ = std::fs::remove_dir(Path::new(base).join("kinglet-test"));
+        }
+    }
+}

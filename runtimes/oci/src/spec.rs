@@ -1,0 +1,324 @@
+//! The OCI runtime spec (`config.json`) for one container, with the
+//! defaults containerd's CRI plugin applies: its capability set, masked and
+//! read-only paths, the standard mounts, namespaces, and cgroup resources.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+/// containerd's default capabilities for unprivileged containers.
+pub const DEFAULT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+const MASKED: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+const READONLY: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// A bind mount into the container.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindMount {
+    pub source: PathBuf,
+    pub destination: String,
+    pub readonly: bool,
+}
+
+/// Everything the spec is made from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ContainerConfig {
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub additional_gids: Vec<u32>,
+    pub hostname: String,
+    pub rootfs: PathBuf,
+    pub readonly_rootfs: bool,
+    /// `kubepods/<qos>/pod<uid>/<container>` (cgroupfs driver).
+    pub cgroups_path: String,
+    pub memory_limit: Option<i64>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub pids_limit: Option<i64>,
+    pub oom_score_adj: Option<i32>,
+    pub privileged: bool,
+    pub no_new_privileges: bool,
+    pub capabilities_add: Vec<String>,
+    pub capabilities_drop: Vec<String>,
+    /// Share the host's network namespace (hostNetwork, or no pod network).
+    pub host_network: bool,
+    pub host_pid: bool,
+    pub host_ipc: bool,
+    /// Namespaces to join (`/proc/<pid>/ns/x` or a bind-mounted ns file),
+    /// shared between the containers of a pod.
+    pub join_network: Option<PathBuf>,
+    pub join_ipc: Option<PathBuf>,
+    pub join_uts: Option<PathBuf>,
+    pub mounts: Vec<BindMount>,
+    pub sysctls: Vec<(String, String)>,
+}
+
+impl ContainerConfig {
+    /// The `config.json` document.
+    pub fn to_spec(&self) -> Value {
+        let mut caps: Vec<String> = if self.privileged {
+            ALL_CAPS.iter().map(|s| s.to_string()).collect()
+        } else {
+            DEFAULT_CAPS.iter().map(|s| s.to_string()).collect()
+        };
+        for c in &self.capabilities_add {
+            let c = cap_name(c);
+            if c == "CAP_ALL" {
+                caps = ALL_CAPS.iter().map(|s| s.to_string()).collect();
+            } else if !caps.contains(&c) {
+                caps.push(c);
+            }
+        }
+        for c in &self.capabilities_drop {
+            let c = cap_name(c);
+            if c == "CAP_ALL" {
+                caps.clear();
+            } else {
+                caps.retain(|x| *x != c);
+            }
+        }
+        let ns = |kind: &str, path: &Option<PathBuf>| match path {
+            Some(p) => json!({"type": kind, "path": p}),
+            None => json!({"type": kind}),
+        };
+        let mut namespaces = vec![json!({"type": "mount"})];
+        if !self.host_pid {
+            namespaces.push(json!({"type": "pid"}));
+        }
+        if !self.host_ipc {
+            namespaces.push(ns("ipc", &self.join_ipc));
+        }
+        if !self.host_network {
+            namespaces.push(ns("network", &self.join_network));
+        }
+        namespaces.push(ns("uts", &self.join_uts));
+        namespaces.push(json!({"type": "cgroup"}));
+
+        let mut mounts = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
+            json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+            json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
+            json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+            json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", if self.privileged { "rw" } else { "ro" }]}),
+            json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", if self.privileged { "rw" } else { "ro" }]}),
+        ];
+        for m in &self.mounts {
+            let mut opts = vec!["rbind", "rprivate"];
+            opts.push(if m.readonly { "ro" } else { "rw" });
+            mounts.push(json!({"destination": m.destination, "type": "bind", "source": m.source, "options": opts}));
+        }
+
+        let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
+        if self.privileged {
+            resources["devices"] = json!([{"allow": true, "access": "rwm"}]);
+        }
+        if let Some(m) = self.memory_limit {
+            resources["memory"] = json!({"limit": m});
+        }
+        let mut cpu = serde_json::Map::new();
+        if let Some(s) = self.cpu_shares {
+            cpu.insert("shares".into(), json!(s));
+        }
+        if let Some(q) = self.cpu_quota {
+            cpu.insert("quota".into(), json!(q));
+            cpu.insert("period".into(), json!(self.cpu_period.unwrap_or(100_000)));
+        }
+        if !cpu.is_empty() {
+            resources["cpu"] = Value::Object(cpu);
+        }
+        if let Some(p) = self.pids_limit {
+            resources["pids"] = json!({"limit": p});
+        }
+
+        let mut linux = json!({
+            "namespaces": namespaces,
+            "cgroupsPath": self.cgroups_path,
+            "resources": resources,
+            "sysctl": self.sysctls.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<String, Value>>(),
+        });
+        if !self.privileged {
+            linux["maskedPaths"] = json!(MASKED);
+            linux["readonlyPaths"] = json!(READONLY);
+        }
+        let mut process = json!({
+            "terminal": false,
+            "user": {"uid": self.uid, "gid": self.gid, "additionalGids": self.additional_gids},
+            "args": self.args,
+            "env": self.env,
+            "cwd": if self.cwd.is_empty() { "/" } else { &self.cwd },
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": self.no_new_privileges,
+        });
+        if let Some(adj) = self.oom_score_adj {
+            process["oomScoreAdj"] = json!(adj);
+        }
+        json!({
+            "ociVersion": "1.0.2",
+            "process": process,
+            "root": {"path": self.rootfs, "readonly": self.readonly_rootfs},
+            "hostname": self.hostname,
+            "mounts": mounts,
+            "linux": linux,
+        })
+    }
+}
+
+fn cap_name(c: &str) -> String {
+    let up = c.to_ascii_uppercase();
+    if up.starts_with("CAP_") {
+        up
+    } else {
+        format!("CAP_{up}")
+    }
+}
+
+const ALL_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_parses_as_oci_and_applies_settings() {
+        let c = ContainerConfig {
+            args: vec!["/bin/sh".into(), "-c".into(), "echo hi".into()],
+            env: vec!["PATH=/bin".into()],
+            uid: 1000,
+            gid: 1000,
+            rootfs: "/tmp/rootfs".into(),
+            cgroups_path: "kubepods/besteffort/podabc/c1".into(),
+            memory_limit: Some(64 << 20),
+            cpu_quota: Some(50_000),
+            pids_limit: Some(100),
+            oom_score_adj: Some(1000),
+            capabilities_add: vec!["NET_ADMIN".into()],
+            capabilities_drop: vec!["MKNOD".into()],
+            no_new_privileges: true,
+            host_network: true,
+            ..Default::default()
+        };
+        let v = c.to_spec();
+        let spec: oci_spec::runtime::Spec = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(
+            spec.process().as_ref().unwrap().args().as_ref().unwrap()[2],
+            "echo hi"
+        );
+        let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
+        assert!(caps.contains(&json!("CAP_NET_ADMIN")) && !caps.contains(&json!("CAP_MKNOD")));
+        assert_eq!(v["linux"]["resources"]["memory"]["limit"], 64 << 20);
+        assert_eq!(v["linux"]["resources"]["cpu"]["period"], 100_000);
+        assert_eq!(v["process"]["oomScoreAdj"], 1000);
+        let kinds: Vec<&str> = v["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["type"].as_str().unwrap())
+            .collect();
+        assert!(
+            !kinds.contains(&"network"),
+            "host network must share the host namespace"
+        );
+        assert!(kinds.contains(&"pid") && kinds.contains(&"mount"));
+        assert!(
+            v["linux"]["maskedPaths"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("/proc/kcore"))
+        );
+
+        let p = ContainerConfig {
+            privileged: true,
+            ..c
+        }
+        .to_spec();
+        assert!(p["linux"].get("maskedPaths").is_none());
+        assert_eq!(
+            p["process"]["capabilities"]["bounding"]
+                .as_array()
+                .unwrap()
+                .len(),
+            ALL_CAPS.len()
+        );
+    }
+}
