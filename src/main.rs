@@ -25,6 +25,16 @@ use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
 
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
+    // The monitor must start before any thread exists: it forks.
+    if let Some(config::flags::Command::Monitor { dir }) = &flags.command {
+        return match kinglet_runtime_oci::monitor::server::daemonize_and_serve(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("kinglet monitor: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     // One TLS provider for every client (the API and registries).
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(config::flags::Command::Images(cmd)) = flags.command.take() {

@@ -42,6 +42,12 @@ pub enum Command {
     /// Manage the image store (safe while the agent runs).
     #[command(subcommand)]
     Images(ImagesCommand),
+    /// The container monitor (started by kinglet itself).
+    #[command(hide = true)]
+    Monitor {
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]

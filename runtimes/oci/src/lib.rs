@@ -8,6 +8,7 @@
 
 pub mod container;
 pub mod images;
+pub mod monitor;
 pub mod spec;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,190 @@
+//! The monitor: one small, single-threaded process per node (not per
+//! container) that creates containers through libcontainer, holds their
+//! stdout/stderr and writes their logs, reaps them as a subreaper, and
+//! records exit codes and OOM kills. It outlives kinglet: a kill -9 or an
+//! upgrade of the agent leaves containers running, logged and accounted
+//! for, and the restarted agent re-adopts them by asking the monitor.
+//!
+//! kinglet talks to it over a unix socket, one JSON request and one JSON
+//! response per line.
+
+pub mod logs;
+pub mod server;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// A request to the monitor.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Ping,
+    /// Creates a container from a bundle; its logs go to `log_path`.
+    Create {
+        id: String,
+        bundle: PathBuf,
+        log_path: PathBuf,
+        log_max_size: u64,
+        log_max_files: u32,
+    },
+    Start {
+        id: String,
+    },
+    Kill {
+        id: String,
+        signal: i32,
+    },
+    /// Removes the container (killing it if needed) and its record.
+    Delete {
+        id: String,
+    },
+    State {
+        id: String,
+    },
+    List,
+    /// Stops the monitor; refused while it has containers.
+    Exit,
+}
+
+/// What the monitor knows of a container.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContainerRecord {
+    pub id: String,
+    pub pid: i32,
+    pub bundle: PathBuf,
+    pub log_path: PathBuf,
+    /// `created`, `running` or `exited`.
+    pub status: String,
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    pub oom_killed: bool,
+    /// Unix nanoseconds.
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub finished_at: Option<i64>,
+    /// `memory.events` (v2) or `memory.oom_control` (v1) of its cgroup.
+    #[serde(default)]
+    pub oom_file: Option<PathBuf>,
+    #[serde(default)]
+    pub oom_kills_before: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Ok,
+    Record { record: ContainerRecord },
+    Records { records: Vec<ContainerRecord> },
+    Error { message: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error("container monitor at {sock}: {source}")]
+    Io {
+        sock: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("container monitor: {0}")]
+    Failed(String),
+}
+
+/// The socket of the monitor serving `dir`.
+pub fn socket_path(dir: &Path) -> PathBuf {
+    dir.join("monitor.sock")
+}
+
+/// Talks to the monitor.
+#[derive(Clone, Debug)]
+pub struct Client {
+    sock: PathBuf,
+}
+
+impl Client {
+    pub fn new(dir: &Path) -> Self {
+        Client {
+            sock: socket_path(dir),
+        }
+    }
+
+    pub async fn call(&self, req: &Request) -> Result<Response, MonitorError> {
+        let io = |source| MonitorError::Io {
+            sock: self.sock.display().to_string(),
+            source,
+        };
+        let mut s = tokio::net::UnixStream::connect(&self.sock)
+            .await
+            .map_err(io)?;
+        let mut line = serde_json::to_vec(req).map_err(|e| MonitorError::Failed(e.to_string()))?;
+        line.push(b'\n');
+        s.write_all(&line).await.map_err(io)?;
+        let mut r = BufReader::new(s);
+        let mut out = String::new();
+        r.read_line(&mut out).await.map_err(io)?;
+        if out.is_empty() {
+            return Err(MonitorError::Failed(
+                "connection closed without an answer".into(),
+            ));
+        }
+        match serde_json::from_str(&out)
+            .map_err(|e| MonitorError::Failed(format!("bad answer: {e}")))?
+        {
+            Response::Error { message } => Err(MonitorError::Failed(message)),
+            r => Ok(r),
+        }
+    }
+
+    pub async fn record(&self, req: &Request) -> Result<ContainerRecord, MonitorError> {
+        match self.call(req).await? {
+            Response::Record { record } => Ok(record),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<ContainerRecord>, MonitorError> {
+        match self.call(&Request::List).await? {
+            Response::Records { records } => Ok(records),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    pub async fn ping(&self) -> bool {
+        matches!(self.call(&Request::Ping).await, Ok(Response::Ok))
+    }
+
+    /// Makes sure a monitor serves `dir`, starting `exe monitor --dir dir`
+    /// if none answers. The started process daemonizes itself (it forks
+    /// while still single-threaded), so it is never kinglet's child.
+    pub async fn ensure_running(&self, exe: &Path, dir: &Path) -> Result<(), MonitorError> {
+        if self.ping().await {
+            return Ok(());
+        }
+        let st = tokio::process::Command::new(exe)
+            .arg("monitor")
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .status()
+            .await
+            .map_err(|source| MonitorError::Io {
+                sock: exe.display().to_string(),
+                source,
+            })?;
+        if !st.success() {
+            return Err(MonitorError::Failed(format!(
+                "starting the monitor failed: {st}"
+            )));
+        }
+        if self.ping().await {
+            Ok(())
+        } else {
+            Err(MonitorError::Failed(
+                "the monitor started but does not answer".into(),
+            ))
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! The monitor process. Single-threaded on purpose: it forks (through
+//! libcontainer), which is only safe without other threads. One `poll` loop
+//! serves the socket, the containers' output pipes and SIGCHLD (signalfd):
+//! no polling by timer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use super::logs::{LineSplitter, LogFile};
+use super::{ContainerRecord, Request, Response, socket_path};
+use crate::container;
+
+fn now_nanos() -> i64 {
+    jiff::Timestamp::now().as_nanosecond() as i64
+}
+
+struct Stream {
+    fd: OwnedFd,
+    id: String,
+    name: &'static str,
+    split: LineSplitter,
+}
+
+struct Client {
+    sock: UnixStream,
+    buf: Vec<u8>,
+}
+
+struct Monitor {
+    dir: PathBuf,
+    state_root: PathBuf,
+    records: BTreeMap<String, ContainerRecord>,
+    pids: HashMap<i32, String>,
+    streams: Vec<Stream>,
+    logs: HashMap<String, LogFile>,
+}
+
+/// Serves `dir` unless a monitor already does. Binds the socket, then forks:
+/// the parent returns at once (the socket already accepts), the child
+/// becomes the daemon: a session leader and subreaper, logging to
+/// `dir/monitor.log`.
+pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir.join("records")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let sock = socket_path(dir);
+    if ping_sync(&sock) {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    // SAFETY: this process is single-threaded here (the `monitor` command
+    // runs before any runtime or thread exists), so fork is safe.
+    match unsafe { libc::fork() } {
+        -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {}
+        _ => return Ok(()),
+    }
+    // SAFETY: plain syscalls in the child.
+    unsafe {
+        libc::setsid();
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    if let Ok(log) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("monitor.log"))
+    {
+        // SAFETY: dup2 onto stdout/stderr of this process.
+        unsafe {
+            libc::dup2(log.as_raw_fd(), 1);
+            libc::dup2(log.as_raw_fd(), 2);
+        }
+    }
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        // SAFETY: as above, stdin.
+        unsafe { libc::dup2(null.as_raw_fd(), 0) };
+    }
+    let mut m = Monitor {
+        dir: dir.to_path_buf(),
+        state_root: dir.join("state"),
+        records: BTreeMap::new(),
+        pids: HashMap::new(),
+        streams: Vec::new(),
+        logs: HashMap::new(),
+    };
+    m.load();
+    eprintln!(
+        "{} monitor {} serving {}",
+        jiff::Timestamp::now(),
+        std::process::id(),
+        sock.display()
+    );
+    match m.serve(listener) {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("{} monitor failed: {e}", jiff::Timestamp::now());
+            std::process::exit(1);
+        }
+    }
+}
+
+fn ping_sync(sock: &Path) -> bool {
+    let Ok(mut s) = UnixStream::connect(sock) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
+    if s.write_all(b"{\"op\":\"ping\"}\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(n) if n > 0)
+}
+
+fn signalfd_chld() -> Result<OwnedFd, String> {
+    // SAFETY: standard sigset/sigprocmask/signalfd use; the fd is owned below.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("sigprocmask failed".into());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(format!("signalfd: {}", std::io::Error::last_os_error()));
+        }
+        Ok(std::os::fd::FromRawFd::from_raw_fd(fd))
+    }
+}
+
+/// OOM kills so far, from `memory.events` (v2) or `memory.oom_control` (v1).
+fn oom_kills(file: &Path) -> u64 {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Where the OOM counter of the container's cgroup lives.
+fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+    let cg = spec["linux"]["cgroupsPath"]
+        .as_str()?
+        .trim_start_matches('/')
+        .to_string();
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    Some(if v2 {
+        Path::new("/sys/fs/cgroup").join(cg).join("memory.events")
+    } else {
+        Path::new("/sys/fs/cgroup/memory")
+            .join(cg)
+            .join("memory.oom_control")
+    })
+}
+
+impl Monitor {
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.dir.join("records").join(format!("{id}.json"))
+    }
+
+    fn persist(&self, id: &str) {
+        let Some(r) = self.records.get(id) else {
+            return;
+        };
+        let path = self.record_path(id);
+        let tmp = path.with_extension("json.tmp");
+        if let Ok(data) = serde_json::to_vec(r)
+            && std::fs::write(&tmp, data).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+
+    /// Records of an earlier monitor: containers it started and that still
+    /// run were re-parented to us (we are the subreaper of the session) or
+    /// to init; those gone without a recorded exit are marked so.
+    fn load(&mut self) {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("records")) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let Ok(data) = std::fs::read(e.path()) else {
+                continue;
+            };
+            let Ok(mut r) = serde_json::from_slice::<ContainerRecord>(&data) else {
+                continue;
+            };
+            if r.status != "exited" {
+                if Path::new(&format!("/proc/{}", r.pid)).exists() {
+                    self.pids.insert(r.pid, r.id.clone());
+                } else {
+                    r.status = "exited".into();
+                    r.finished_at = Some(now_nanos());
+                }
+            }
+            self.records.insert(r.id.clone(), r);
+        }
+    }
+
+    fn serve(&mut self, listener: UnixListener) -> Result<(), String> {
+        let sigfd = signalfd_chld()?;
+        let mut clients: Vec<Client> = Vec::new();
+        loop {
+            let mut fds = vec![
+                libc::pollfd {
+                    fd: sigfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: listener.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            for c in &clients {
+                fds.push(libc::pollfd {
+                    fd: c.sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            for s in &self.streams {
+                fds.push(libc::pollfd {
+                    fd: s.fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: fds is a valid array of pollfd for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(format!("poll: {e}"));
+            }
+            let nc = clients.len();
+            // Output first, so logs are complete before an exit is recorded.
+            let mut closed = Vec::new();
+            for (i, s) in self.streams.iter_mut().enumerate() {
+                if fds[2 + nc + i].revents == 0 {
+                    continue;
+                }
+                let mut buf = [0u8; 32 * 1024];
+                loop {
+                    match rustix::io::read(&s.fd, &mut buf) {
+                        Ok(0) => {
+                            closed.push(i);
+                            break;
+                        }
+                        Ok(n) => {
+                            if let Some(log) = self.logs.get_mut(&s.id) {
+                                let name = s.name;
+                                s.split.feed(&buf[..n], |p, l| log.record(name, p, l));
+                            }
+                        }
+                        Err(rustix::io::Errno::AGAIN) => break,
+                        Err(rustix::io::Errno::INTR) => continue,
+                        Err(_) => {
+                            closed.push(i);
+                            break;
+                        }
+                    }
+                }
+            }
+            for i in closed.into_iter().rev() {
+                let mut s = self.streams.remove(i);
+                if let Some(log) = self.logs.get_mut(&s.id) {
+                    let name = s.name;
+                    s.split.finish(|p, l| log.record(name, p, l));
+                }
+                if !self.streams.iter().any(|x| x.id == s.id) {
+                    self.logs.remove(&s.id);
+                }
+            }
+            if fds[0].revents != 0 {
+                let mut buf = [0u8; 128 * 8];
+                while matches!(rustix::io::read(&sigfd, &mut buf), Ok(n) if n > 0) {}
+                self.reap();
+            }
+            if fds[1].revents != 0 {
+                while let Ok((sock, _)) = listener.accept() {
+                    let _ = sock.set_nonblocking(true);
+                    clients.push(Client {
+                        sock,
+                        buf: Vec::new(),
+                    });
+                }
+            }
+            let mut gone = Vec::new();
+            for (i, c) in clients.iter_mut().enumerate() {
+                if fds.get(2 + i).is_none_or(|f| f.revents == 0) {
+                    continue;
+                }
+                let mut buf = [0u8; 8192];
+                match c.sock.read(&mut buf) {
+                    Ok(0) => gone.push(i),
+                    Ok(n) => c.buf.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => gone.push(i),
+                }
+                while let Some(nl) = c.buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = c.buf.drain(..=nl).collect();
+                    let resp = match serde_json::from_slice::<Request>(&line) {
+                        Ok(req) => self.handle(req),
+                        Err(e) => Response::Error {
+                            message: format!("bad request: {e}"),
+                        },
+                    };
+                    let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+                    out.push(b'\n');
+                    let _ = c.sock.set_nonblocking(false);
+                    let _ = c.sock.write_all(&out);
+                    let _ = c.sock.set_nonblocking(true);
+                }
+            }
+            for i in gone.into_iter().rev() {
+                clients.remove(i);
+            }
+        }
+    }
+
+    /// Collects exited children; records exit code, signal and OOM kill.
+    fn reap(&mut self) {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid status pointer.
+            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+            if pid <= 0 {
+                return;
+            }
+            let Some(id) = self.pids.remove(&pid) else {
+                continue;
+            };
+            let Some(r) = self.records.get_mut(&id) else {
+                continue;
+            };
+            r.status = "exited".into();
+            r.finished_at = Some(now_nanos());
+            if libc::WIFEXITED(status) {
+                r.exit_code = Some(libc::WEXITSTATUS(status));
+            } else if libc::WIFSIGNALED(status) {
+                let sig = libc::WTERMSIG(status);
+                r.signal = Some(sig);
+                r.exit_code = Some(128 + sig);
+            }
+            if let Some(f) = &r.oom_file {
+                r.oom_killed = oom_kills(f) > r.oom_kills_before;
+            }
+            self.persist(&id);
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        let err = |e: String| Response::Error { message: e };
+        match req {
+            Request::Ping => Response::Ok,
+            Request::Exit => {
+                if self.records.is_empty() {
+                    let _ = std::fs::remove_file(socket_path(&self.dir));
+                    eprintln!("{} monitor exiting on request", jiff::Timestamp::now());
+                    std::process::exit(0);
+                }
+                err(format!(
+                    "{} containers are still known; delete them first",
+                    self.records.len()
+                ))
+            }
+            Request::List => Response::Records {
+                records: self.records.values().cloned().collect(),
+            },
+            Request::State { id } => match self.records.get(&id) {
+                Some(r) => Response::Record { record: r.clone() },
+                None => err(format!("container {id} not found")),
+            },
+            Request::Create {
+                id,
+                bundle,
+                log_path,
+                log_max_size,
+                log_max_files,
+            } => {
+                if self.records.contains_key(&id) {
+                    return err(format!("container {id} already exists"));
+                }
+                let pipes = (|| -> std::io::Result<_> {
+                    let (or, ow) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                    let (er, ew) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                    for fd in [&or, &er] {
+                        rustix::io::ioctl_fionbio(fd, true)?;
+                    }
+                    Ok((or, ow, er, ew, std::fs::File::open("/dev/null")?))
+                })();
+                let (or, ow, er, ew, null) = match pipes {
+                    Ok(p) => p,
+                    Err(e) => return err(format!("pipes: {e}")),
+                };
+                let log = match LogFile::open(&log_path, log_max_size, log_max_files) {
+                    Ok(l) => l,
+                    Err(e) => return err(format!("log {}: {e}", log_path.display())),
+                };
+                let oom_file = oom_file_for(&bundle);
+                let pid =
+                    match container::create(&self.state_root, &id, &bundle, null.into(), ow, ew) {
+                        Ok(p) => p,
+                        Err(e) => return err(e.to_string()),
+                    };
+                let before = oom_file.as_deref().map_or(0, oom_kills);
+                let r = ContainerRecord {
+                    id: id.clone(),
+                    pid,
+                    bundle,
+                    log_path,
+                    status: "created".into(),
+                    created_at: now_nanos(),
+                    oom_file,
+                    oom_kills_before: before,
+                    ..Default::default()
+                };
+                self.pids.insert(pid, id.clone());
+                self.logs.insert(id.clone(), log);
+                self.streams.push(Stream {
+                    fd: or,
+                    id: id.clone(),
+                    name: "stdout",
+                    split: LineSplitter::default(),
+                });
+                self.streams.push(Stream {
+                    fd: er,
+                    id: id.clone(),
+                    name: "stderr",
+                    split: LineSplitter::default(),
+                });
+                self.records.insert(id.clone(), r.clone());
+                self.persist(&id);
+                Response::Record { record: r }
+            }
+            Request::Start { id } => {
+                if let Err(e) = container::start(&self.state_root, &id) {
+                    return err(e.to_string());
+                }
+                let Some(r) = self.records.get_mut(&id) else {
+                    return err(format!("container {id} not found"));
+                };
+                if r.status == "created" {
+                    r.status = "running".into();
+                }
+                r.started_at = Some(now_nanos());
+                let r = r.clone();
+                self.persist(&id);
+                Response::Record { record: r }
+            }
+            Request::Kill { id, signal } => {
+                match self.records.get(&id) {
+                    None => return err(format!("container {id} not found")),
+                    Some(r) if r.status == "exited" => return Response::Ok,
+                    Some(_) => {}
+                }
+                match container::kill(&self.state_root, &id, signal) {
+                    Ok(()) => Response::Ok,
+                    Err(e) => err(e.to_string()),
+                }
+            }
+            Request::Delete { id } => {
+                if let Err(e) = container::delete(&self.state_root, &id) {
+                    return err(e.to_string());
+                }
+                self.reap();
+                if let Some(r) = self.records.remove(&id) {
+                    self.pids.remove(&r.pid);
+                }
+                self.streams.retain(|s| s.id != id);
+                self.logs.remove(&id);
+                let _ = std::fs::remove_file(self.record_path(&id));
+                Response::Ok
+            }
+        }
+    }
+}
