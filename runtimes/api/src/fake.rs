@@ -1,12 +1,14 @@
 //! An in-memory runtime for unit tests: its answers are set by the test, and
 //! it records how often it was asked.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::{
-    BoxFuture, ConditionKind, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
-    RuntimeVersion,
+    BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ImageFailure,
+    ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, RuntimeVersion,
+    SandboxConfig, SandboxStatus,
 };
 
 /// A runtime whose version and status are whatever the test last set.
@@ -21,6 +23,14 @@ pub struct FakeRuntime {
 struct FakeState {
     up: bool,
     status: RuntimeStatus,
+    seq: u64,
+    sandboxes: BTreeMap<String, SandboxStatus>,
+    containers: BTreeMap<String, ContainerStatus>,
+    images: BTreeMap<String, ImageInfo>,
+    /// Exit code each named container gets when it starts (None: runs).
+    exits: BTreeMap<String, i32>,
+    /// Recorded calls, e.g. `start <name>`.
+    pub calls: Vec<String>,
 }
 
 impl Default for FakeRuntime {
@@ -47,6 +57,12 @@ impl FakeRuntime {
                         cond(ConditionKind::NetworkReady),
                     ],
                 },
+                seq: 0,
+                sandboxes: BTreeMap::new(),
+                containers: BTreeMap::new(),
+                images: BTreeMap::new(),
+                exits: BTreeMap::new(),
+                calls: Vec::new(),
             }),
             status_calls: AtomicUsize::new(0),
         }
@@ -60,6 +76,45 @@ impl FakeRuntime {
     /// Replaces the status the runtime reports.
     pub fn set_status(&self, status: RuntimeStatus) {
         self.lock().status = status;
+    }
+
+    /// Makes an image pullable.
+    pub fn add_image(&self, name: &str) {
+        self.lock().images.insert(
+            name.into(),
+            ImageInfo {
+                id: format!("sha256:{:064}", name.len()),
+                repo_digests: vec![],
+                size: 1,
+            },
+        );
+    }
+
+    /// Containers named `name` exit with `code` as soon as they start.
+    pub fn exit_on_start(&self, name: &str, code: i32) {
+        self.lock().exits.insert(name.into(), code);
+    }
+
+    /// Ends a running container as if its process exited.
+    pub fn finish(&self, name: &str, code: i32) {
+        let mut s = self.lock();
+        for c in s.containers.values_mut() {
+            if c.name == name && c.state == ContainerState::Running {
+                c.state = ContainerState::Exited;
+                c.exit_code = code;
+                c.finished_at = 2;
+                c.reason = if code == 0 { "Completed".into() } else { "Error".into() };
+            }
+        }
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.lock().calls.clone()
+    }
+
+    pub fn containers(&self) -> Vec<ContainerStatus> {
+        self.lock().containers.values().cloned().collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FakeState> {
@@ -94,6 +149,145 @@ impl Runtime for FakeRuntime {
             self.check_up()?;
             Ok(self.lock().status.clone())
         })
+    }
+
+    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            let mut s = self.lock();
+            s.seq += 1;
+            let id = format!("sandbox-{}", s.seq);
+            s.calls.push(format!("run_pod_sandbox {}", cfg.pod_name));
+            s.sandboxes.insert(
+                id.clone(),
+                SandboxStatus { id: id.clone(), pod_uid: cfg.pod_uid.clone(), ready: true, ip: None, created_at: 1 },
+            );
+            Ok(id)
+        })
+    }
+
+    fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            s.calls.push(format!("remove_pod_sandbox {id}"));
+            s.sandboxes.remove(id);
+            Ok(())
+        })
+    }
+
+    fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            Ok(self.lock().sandboxes.values().cloned().collect())
+        })
+    }
+
+    fn create_container<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        cfg: &'a ContainerConfig,
+        sandbox: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            let mut s = self.lock();
+            s.seq += 1;
+            let id = format!("c{}-{}", s.seq, cfg.name);
+            s.calls.push(format!("create {} {}", cfg.name, cfg.attempt));
+            s.containers.insert(
+                id.clone(),
+                ContainerStatus {
+                    id: id.clone(),
+                    sandbox_id: sandbox_id.into(),
+                    pod_uid: sandbox.pod_uid.clone(),
+                    name: cfg.name.clone(),
+                    attempt: cfg.attempt,
+                    image: cfg.image.clone(),
+                    image_ref: cfg.image.clone(),
+                    image_id: String::new(),
+                    state: ContainerState::Created,
+                    created_at: 1,
+                    started_at: 0,
+                    finished_at: 0,
+                    exit_code: 0,
+                    reason: String::new(),
+                    message: String::new(),
+                    log_path: cfg.log_path.clone(),
+                    pid: 0,
+                },
+            );
+            Ok(id)
+        })
+    }
+
+    fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            let exits = s.exits.clone();
+            let c = s.containers.get_mut(id).ok_or_else(|| RuntimeError::Other(format!("no container {id}")))?;
+            c.state = ContainerState::Running;
+            c.started_at = 1;
+            if let Some(code) = exits.get(&c.name) {
+                c.state = ContainerState::Exited;
+                c.exit_code = *code;
+                c.finished_at = 2;
+                c.reason = if *code == 0 { "Completed".into() } else { "Error".into() };
+            }
+            let name = c.name.clone();
+            s.calls.push(format!("start {name}"));
+            Ok(())
+        })
+    }
+
+    fn stop_container<'a>(
+        &'a self,
+        id: &'a str,
+        _timeout: std::time::Duration,
+        _signal: i32,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            if let Some(c) = s.containers.get_mut(id)
+                && c.state == ContainerState::Running
+            {
+                c.state = ContainerState::Exited;
+                c.exit_code = 137;
+                c.reason = "Error".into();
+            }
+            s.calls.push(format!("stop {id}"));
+            Ok(())
+        })
+    }
+
+    fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            s.containers.remove(id);
+            s.calls.push(format!("remove {id}"));
+            Ok(())
+        })
+    }
+
+    fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            Ok(self.lock().containers.values().cloned().collect())
+        })
+    }
+
+    fn pull_image<'a>(&'a self, image: &'a str, _auth: &'a [PullAuth]) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            s.calls.push(format!("pull {image}"));
+            s.images.get(image).cloned().ok_or_else(|| ImageFailure {
+                reason: "ErrImagePull".into(),
+                message: format!("{image}: not found"),
+            })
+        })
+    }
+
+    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
+        Box::pin(async move { Ok(self.lock().images.get(image).cloned()) })
     }
 }
 

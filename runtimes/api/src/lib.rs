@@ -80,10 +80,173 @@ impl RuntimeStatus {
     }
 }
 
+/// What a pod sandbox is made from (CRI `PodSandboxConfig`, the parts
+/// kinglet uses).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxConfig {
+    pub pod_uid: String,
+    pub pod_name: String,
+    pub namespace: String,
+    pub hostname: String,
+    /// `/var/log/pods/<namespace>_<name>_<uid>`.
+    pub log_directory: String,
+    pub host_network: bool,
+    pub host_pid: bool,
+    pub host_ipc: bool,
+    /// `kubepods/<qos>/pod<uid>` (cgroupfs driver).
+    pub cgroup_parent: String,
+    /// Lines of the pod's `/etc/resolv.conf` and `/etc/hosts`.
+    pub resolv_conf: String,
+    pub hosts: String,
+}
+
+/// A bind mount into a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    pub readonly: bool,
+}
+
+/// What a container is made from (CRI `ContainerConfig`, the parts kinglet
+/// uses), already merged with the image's defaults by the caller.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerConfig {
+    pub name: String,
+    /// The restart count this container is created for.
+    pub attempt: u32,
+    /// The image reference as the pod names it.
+    pub image: String,
+    /// Entrypoint + arguments, resolved against the image.
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub working_dir: String,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub supplemental_groups: Vec<u32>,
+    /// Relative to the sandbox log directory: `<name>/<attempt>.log`.
+    pub log_path: String,
+    pub mounts: Vec<Mount>,
+    pub memory_limit: Option<i64>,
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub pids_limit: Option<i64>,
+    pub oom_score_adj: Option<i32>,
+    pub privileged: bool,
+    pub readonly_rootfs: bool,
+    pub no_new_privileges: bool,
+    pub capabilities_add: Vec<String>,
+    pub capabilities_drop: Vec<String>,
+    pub sysctls: Vec<(String, String)>,
+    pub termination_message_path: String,
+}
+
+/// CRI container states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerState {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// A container as the runtime reports it (CRI `ContainerStatus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerStatus {
+    pub id: String,
+    pub sandbox_id: String,
+    pub pod_uid: String,
+    pub name: String,
+    pub attempt: u32,
+    pub image: String,
+    /// `repo@sha256:...` or the image ID.
+    pub image_ref: String,
+    pub image_id: String,
+    pub state: ContainerState,
+    /// Unix nanoseconds; 0 when not yet.
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    /// `OOMKilled`, `Error`, `Completed` when exited.
+    pub reason: String,
+    pub message: String,
+    pub log_path: String,
+    pub pid: i32,
+}
+
+/// A pod sandbox as the runtime reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxStatus {
+    pub id: String,
+    pub pod_uid: String,
+    pub ready: bool,
+    pub ip: Option<String>,
+    pub created_at: i64,
+}
+
+/// An image as the runtime reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub id: String,
+    pub repo_digests: Vec<String>,
+    pub size: u64,
+}
+
+/// Credentials for one pull.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PullAuth {
+    pub username: String,
+    pub password: String,
+}
+
+/// Why an image could not be had; the reason maps onto the upstream
+/// waiting reasons (`ErrImagePull`, `InvalidImageName`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageFailure {
+    pub reason: String,
+    pub message: String,
+}
+
 /// A container runtime as the node agent and pod workers see it.
 pub trait Runtime: Send + Sync {
     /// CRI `Version`.
     fn version(&self) -> BoxFuture<'_, Result<RuntimeVersion, RuntimeError>>;
     /// CRI `Status`.
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>>;
+
+    /// CRI `RunPodSandbox`; returns the sandbox ID.
+    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>>;
+    /// CRI `StopPodSandbox` + `RemovePodSandbox`: what is left of the pod
+    /// goes (containers must be stopped first).
+    fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>>;
+
+    /// CRI `CreateContainer`; returns the container ID.
+    fn create_container<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        cfg: &'a ContainerConfig,
+        sandbox: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+    fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// CRI `StopContainer`: the stop signal, then SIGKILL after `timeout`.
+    fn stop_container<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: std::time::Duration,
+        signal: i32,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// CRI `ListContainers` with status.
+    fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>>;
+
+    /// CRI `PullImage`: returns the image reference to run.
+    fn pull_image<'a>(
+        &'a self,
+        image: &'a str,
+        auth: &'a [PullAuth],
+    ) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>>;
+    /// CRI `ImageStatus`: `None` if not present.
+    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>>;
 }

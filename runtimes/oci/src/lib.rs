@@ -1,10 +1,17 @@
 //! The in-process runtime: containers run through youki's `libcontainer`
-//! inside kinglet's own process tree, with no container daemon.
+//! with no container daemon. kinglet prepares sandboxes, root filesystems
+//! (overlayfs over the image store's shared layers) and OCI specs; the
+//! monitor process (`monitor/`) creates, watches and reaps the containers
+//! and writes their logs.
 //!
-//! This crate owns the runtime's state directory and its health. Today it
-//! answers `Version` and `Status` from real checks of the host (a usable
-//! cgroup hierarchy, a writable state directory); sandboxes and containers
-//! arrive with the pod lifecycle.
+//! Layout under the runtime dir (`<root-dir>/runtime/oci`):
+//! - `sandboxes/<id>/`: `meta.json`, the pod's `hosts` and `resolv.conf`;
+//! - `containers/<id>/`: `meta.json`, `config.json`, `rootfs/` (an overlay
+//!   mount, or a flattened copy), `upper/`, `work/`, `termination-log`;
+//! - `monitor/`: the monitor's socket, records and libcontainer state.
+//!
+//! Networking: every pod shares the host network namespace until CNI
+//! support lands.
 
 pub mod container;
 pub mod images;
@@ -12,11 +19,20 @@ pub mod monitor;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use kinglet_runtime::{
-    BoxFuture, ConditionKind, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
-    RuntimeVersion,
+    BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ImageFailure,
+    ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, RuntimeVersion,
+    SandboxConfig, SandboxStatus,
 };
+use serde::{Deserialize, Serialize};
+
+use images::ImageStore;
+use images::auth::Credentials;
+use images::registry::Puller;
+use monitor::{Client, Request};
 
 /// The name reported in `nodeInfo.containerRuntimeVersion`.
 pub const RUNTIME_NAME: &str = "kinglet-oci";
@@ -41,21 +57,86 @@ pub fn detect_cgroups(root: &Path) -> Option<CgroupMode> {
     }
 }
 
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct SandboxMeta {
+    pod_uid: String,
+    pod_name: String,
+    namespace: String,
+    cgroup_parent: String,
+    created_at: i64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct ContainerMeta {
+    sandbox_id: String,
+    pod_uid: String,
+    name: String,
+    attempt: u32,
+    image: String,
+    image_ref: String,
+    image_id: String,
+    log_path: String,
+    overlay: bool,
+}
+
+fn rt_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Other(format!("{what}: {e}"))
+}
+
+fn write_json_atomic(path: &Path, v: &impl Serialize) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(v).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    hex::encode(b)
+}
+
 /// The in-process runtime.
-#[derive(Debug)]
 pub struct OciRuntime {
-    state_dir: PathBuf,
+    dir: PathBuf,
     cgroup_root: PathBuf,
+    store: Arc<ImageStore>,
+    puller: Arc<Puller>,
+    monitor: Client,
 }
 
 impl OciRuntime {
-    /// A runtime keeping its state under `state_dir`, using the cgroup
-    /// hierarchy mounted at `cgroup_root`.
-    pub fn new(state_dir: impl Into<PathBuf>, cgroup_root: impl Into<PathBuf>) -> Self {
+    /// A runtime keeping its state under `dir`, using the cgroup hierarchy
+    /// at `cgroup_root` and images from `puller`'s store.
+    pub fn new(dir: impl Into<PathBuf>, cgroup_root: impl Into<PathBuf>, puller: Arc<Puller>) -> Self {
+        let dir = dir.into();
         OciRuntime {
-            state_dir: state_dir.into(),
+            monitor: Client::new(&dir.join("monitor")),
+            store: puller.store().clone(),
+            puller,
+            dir,
             cgroup_root: cgroup_root.into(),
         }
+    }
+
+    /// Starts (or finds) the monitor, using `exe` (kinglet itself).
+    pub async fn start_monitor(&self, exe: &Path) -> Result<(), RuntimeError> {
+        for d in ["sandboxes", "containers", "monitor"] {
+            std::fs::create_dir_all(self.dir.join(d)).map_err(|e| rt_err("runtime dir", e))?;
+        }
+        self.monitor
+            .ensure_running(exe, &self.dir.join("monitor"))
+            .await
+            .map_err(|e| RuntimeError::Unavailable(e.to_string()))
+    }
+
+    pub fn store(&self) -> &Arc<ImageStore> {
+        &self.store
     }
 
     async fn runtime_condition(&self) -> RuntimeCondition {
@@ -66,16 +147,13 @@ impl OciRuntime {
             message,
         };
         if detect_cgroups(&self.cgroup_root).is_none() {
-            return not_ready(
-                "CgroupsUnavailable",
-                format!("no cgroup hierarchy at {}", self.cgroup_root.display()),
-            );
+            return not_ready("CgroupsUnavailable", format!("no cgroup hierarchy at {}", self.cgroup_root.display()));
         }
-        if let Err(e) = probe_writable(&self.state_dir).await {
-            return not_ready(
-                "StateDirUnwritable",
-                format!("state dir {}: {e}", self.state_dir.display()),
-            );
+        if let Err(e) = probe_writable(&self.dir).await {
+            return not_ready("StateDirUnwritable", format!("state dir {}: {e}", self.dir.display()));
+        }
+        if !self.monitor.ping().await {
+            return not_ready("MonitorUnavailable", "the container monitor does not answer".into());
         }
         RuntimeCondition {
             kind: ConditionKind::RuntimeReady,
@@ -83,6 +161,103 @@ impl OciRuntime {
             reason: String::new(),
             message: String::new(),
         }
+    }
+
+    fn container_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("containers").join(id)
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("sandboxes").join(id)
+    }
+
+    /// Removes the pod-level cgroup under every hierarchy (libcontainer
+    /// removes each container's own).
+    fn remove_pod_cgroup(&self, parent: &str) {
+        if parent.is_empty() {
+            return;
+        }
+        let parent = parent.trim_start_matches('/');
+        match detect_cgroups(&self.cgroup_root) {
+            Some(CgroupMode::V2) => {
+                let _ = std::fs::remove_dir(self.cgroup_root.join(parent));
+            }
+            _ => {
+                if let Ok(rd) = std::fs::read_dir(&self.cgroup_root) {
+                    for e in rd.flatten() {
+                        let _ = std::fs::remove_dir(e.path().join(parent));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The root filesystem: an overlay of the image's layers, or a copy.
+    fn prepare_rootfs(&self, dir: &Path, image: &images::ImageRecord) -> Result<bool, RuntimeError> {
+        let rootfs = dir.join("rootfs");
+        std::fs::create_dir_all(&rootfs).map_err(|e| rt_err("rootfs", e))?;
+        if self.store.uses_overlay() {
+            let upper = dir.join("upper");
+            let work = dir.join("work");
+            std::fs::create_dir_all(&upper).map_err(|e| rt_err("upper", e))?;
+            std::fs::create_dir_all(&work).map_err(|e| rt_err("work", e))?;
+            let mut lowers: Vec<String> = self
+                .store
+                .layer_dirs(image)
+                .map_err(|e| rt_err("layers", e))?
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            lowers.reverse();
+            if lowers.is_empty() {
+                return Ok(false);
+            }
+            let data = format!("lowerdir={},upperdir={},workdir={}", lowers.join(":"), upper.display(), work.display());
+            let data = std::ffi::CString::new(data).map_err(|e| rt_err("overlay options", e))?;
+            rustix::mount::mount("overlay", &rootfs, "overlay", rustix::mount::MountFlags::empty(), Some(data.as_c_str()))
+                .map_err(|e| rt_err("overlay mount", e))?;
+            Ok(true)
+        } else {
+            self.store.flatten(image, &rootfs).map_err(|e| rt_err("rootfs copy", e))?;
+            Ok(false)
+        }
+    }
+
+    fn teardown_container_dir(&self, id: &str) {
+        let dir = self.container_dir(id);
+        let rootfs = dir.join("rootfs");
+        let _ = rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    async fn stop(&self, id: &str, timeout: Duration, signal: i32) -> Result<(), RuntimeError> {
+        let state = |id: &str| {
+            let id = id.to_string();
+            async move { self.monitor.record(&Request::State { id }).await }
+        };
+        match state(id).await {
+            Ok(r) if r.status == "exited" => return Ok(()),
+            Ok(_) => {}
+            Err(_) => return Ok(()),
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        if !timeout.is_zero() {
+            let _ = self.monitor.call(&Request::Kill { id: id.into(), signal }).await;
+            while tokio::time::Instant::now() < deadline {
+                if state(id).await.is_ok_and(|r| r.status == "exited") {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let _ = self.monitor.call(&Request::Kill { id: id.into(), signal: libc::SIGKILL }).await;
+        for _ in 0..50 {
+            if state(id).await.is_ok_and(|r| r.status == "exited") {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(RuntimeError::Other(format!("container {id} did not stop after SIGKILL")))
     }
 }
 
@@ -108,17 +283,282 @@ impl Runtime for OciRuntime {
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>> {
         Box::pin(async {
             let runtime = self.runtime_condition().await;
-            // Pods share the host network until CNI support lands with the pod
-            // lifecycle; there is no plugin whose readiness could be checked yet.
+            // Pods share the host network until CNI support lands; there is
+            // no plugin whose readiness could be checked yet.
             let network = RuntimeCondition {
                 kind: ConditionKind::NetworkReady,
                 status: true,
                 reason: String::new(),
                 message: String::new(),
             };
-            Ok(RuntimeStatus {
-                conditions: vec![runtime, network],
-            })
+            Ok(RuntimeStatus { conditions: vec![runtime, network] })
+        })
+    }
+
+    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            let id = new_id();
+            let dir = self.sandbox_dir(&id);
+            std::fs::create_dir_all(&dir).map_err(|e| rt_err("sandbox dir", e))?;
+            std::fs::write(dir.join("hosts"), &cfg.hosts).map_err(|e| rt_err("hosts", e))?;
+            std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf).map_err(|e| rt_err("resolv.conf", e))?;
+            std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname)).map_err(|e| rt_err("hostname", e))?;
+            if !cfg.log_directory.is_empty() {
+                std::fs::create_dir_all(&cfg.log_directory).map_err(|e| rt_err("log dir", e))?;
+            }
+            let meta = SandboxMeta {
+                pod_uid: cfg.pod_uid.clone(),
+                pod_name: cfg.pod_name.clone(),
+                namespace: cfg.namespace.clone(),
+                cgroup_parent: cfg.cgroup_parent.clone(),
+                created_at: jiff::Timestamp::now().as_nanosecond() as i64,
+            };
+            write_json_atomic(&dir.join("meta.json"), &meta).map_err(|e| rt_err("sandbox meta", e))?;
+            Ok(id)
+        })
+    }
+
+    fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let dir = self.sandbox_dir(id);
+            if let Some(meta) = read_json::<SandboxMeta>(&dir.join("meta.json")) {
+                self.remove_pod_cgroup(&meta.cgroup_parent);
+            }
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(rt_err("remove sandbox", e)),
+            }
+        })
+    }
+
+    fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            if let Ok(rd) = std::fs::read_dir(self.dir.join("sandboxes")) {
+                for e in rd.flatten() {
+                    if let Some(m) = read_json::<SandboxMeta>(&e.path().join("meta.json")) {
+                        out.push(SandboxStatus {
+                            id: e.file_name().to_string_lossy().into_owned(),
+                            pod_uid: m.pod_uid,
+                            ready: true,
+                            ip: None,
+                            created_at: m.created_at,
+                        });
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn create_container<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        cfg: &'a ContainerConfig,
+        sandbox: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            let index = self.store.read_index().map_err(|e| rt_err("image store", e))?;
+            let image = index
+                .find(&cfg.image)
+                .cloned()
+                .ok_or_else(|| RuntimeError::Other(format!("image {:?} is not present", cfg.image)))?;
+            let id = new_id();
+            let dir = self.container_dir(&id);
+            std::fs::create_dir_all(&dir).map_err(|e| rt_err("container dir", e))?;
+            let created = (|| {
+                let overlay = self.prepare_rootfs(&dir, &image)?;
+                let sdir = self.sandbox_dir(sandbox_id);
+                let mut mounts = vec![
+                    spec::BindMount { source: sdir.join("hosts"), destination: "/etc/hosts".into(), readonly: false },
+                    spec::BindMount { source: sdir.join("resolv.conf"), destination: "/etc/resolv.conf".into(), readonly: false },
+                    spec::BindMount { source: sdir.join("hostname"), destination: "/etc/hostname".into(), readonly: false },
+                ];
+                if !cfg.termination_message_path.is_empty() {
+                    let tl = dir.join("termination-log");
+                    std::fs::write(&tl, b"").map_err(|e| rt_err("termination log", e))?;
+                    mounts.push(spec::BindMount { source: tl, destination: cfg.termination_message_path.clone(), readonly: false });
+                }
+                for m in &cfg.mounts {
+                    mounts.push(spec::BindMount {
+                        source: m.host_path.clone().into(),
+                        destination: m.container_path.clone(),
+                        readonly: m.readonly,
+                    });
+                }
+                let oci = spec::ContainerConfig {
+                    args: cfg.args.clone(),
+                    env: cfg.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    cwd: cfg.working_dir.clone(),
+                    uid: cfg.uid.unwrap_or(0),
+                    gid: cfg.gid.unwrap_or(0),
+                    additional_gids: cfg.supplemental_groups.clone(),
+                    hostname: sandbox.hostname.clone(),
+                    rootfs: dir.join("rootfs"),
+                    readonly_rootfs: cfg.readonly_rootfs,
+                    cgroups_path: format!("{}/{}", sandbox.cgroup_parent.trim_end_matches('/'), id),
+                    memory_limit: cfg.memory_limit,
+                    cpu_shares: cfg.cpu_shares,
+                    cpu_quota: cfg.cpu_quota,
+                    cpu_period: cfg.cpu_quota.map(|_| 100_000),
+                    pids_limit: cfg.pids_limit,
+                    oom_score_adj: cfg.oom_score_adj,
+                    privileged: cfg.privileged,
+                    no_new_privileges: cfg.no_new_privileges,
+                    capabilities_add: cfg.capabilities_add.clone(),
+                    capabilities_drop: cfg.capabilities_drop.clone(),
+                    host_network: true,
+                    host_pid: sandbox.host_pid,
+                    host_ipc: sandbox.host_ipc,
+                    mounts,
+                    sysctls: cfg.sysctls.clone(),
+                    ..Default::default()
+                };
+                std::fs::write(dir.join("config.json"), serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?)
+                    .map_err(|e| rt_err("config.json", e))?;
+                Ok::<bool, RuntimeError>(overlay)
+            })();
+            let overlay = match created {
+                Ok(o) => o,
+                Err(e) => {
+                    self.teardown_container_dir(&id);
+                    return Err(e);
+                }
+            };
+            let log_path = Path::new(&sandbox.log_directory).join(&cfg.log_path);
+            let meta = ContainerMeta {
+                sandbox_id: sandbox_id.into(),
+                pod_uid: sandbox.pod_uid.clone(),
+                name: cfg.name.clone(),
+                attempt: cfg.attempt,
+                image: cfg.image.clone(),
+                image_ref: image.repo_digests.iter().next().cloned().unwrap_or_else(|| image.id.clone()),
+                image_id: image.id.clone(),
+                log_path: log_path.display().to_string(),
+                overlay,
+            };
+            write_json_atomic(&dir.join("meta.json"), &meta).map_err(|e| rt_err("container meta", e))?;
+            let req = Request::Create {
+                id: id.clone(),
+                bundle: dir.clone(),
+                log_path,
+                log_max_size: 10 << 20,
+                log_max_files: 5,
+            };
+            if let Err(e) = self.monitor.record(&req).await {
+                self.teardown_container_dir(&id);
+                return Err(RuntimeError::Other(e.to_string()));
+            }
+            let _ = self.store.touch(&image.id);
+            Ok(id)
+        })
+    }
+
+    fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.monitor
+                .record(&Request::Start { id: id.into() })
+                .await
+                .map(|_| ())
+                .map_err(|e| RuntimeError::Other(e.to_string()))
+        })
+    }
+
+    fn stop_container<'a>(&'a self, id: &'a str, timeout: Duration, signal: i32) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(self.stop(id, timeout, signal))
+    }
+
+    fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            match self.monitor.call(&Request::Delete { id: id.into() }).await {
+                Ok(_) => {}
+                Err(e) if e.to_string().contains("not found") => {}
+                Err(e) => return Err(RuntimeError::Other(e.to_string())),
+            }
+            self.teardown_container_dir(id);
+            Ok(())
+        })
+    }
+
+    fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
+        Box::pin(async move {
+            let records = self.monitor.list().await.map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+            let mut out = Vec::new();
+            for r in records {
+                let Some(meta) = read_json::<ContainerMeta>(&self.container_dir(&r.id).join("meta.json")) else {
+                    continue;
+                };
+                let state = match r.status.as_str() {
+                    "created" => ContainerState::Created,
+                    "running" => ContainerState::Running,
+                    "exited" => ContainerState::Exited,
+                    _ => ContainerState::Unknown,
+                };
+                let exit_code = r.exit_code.unwrap_or(if state == ContainerState::Exited { 255 } else { 0 });
+                let reason = match state {
+                    ContainerState::Exited if r.oom_killed => "OOMKilled",
+                    ContainerState::Exited if r.exit_code.is_none() => "Unknown",
+                    ContainerState::Exited if exit_code == 0 => "Completed",
+                    ContainerState::Exited => "Error",
+                    _ => "",
+                };
+                let message = std::fs::read(self.container_dir(&r.id).join("termination-log"))
+                    .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
+                    .unwrap_or_default();
+                out.push(ContainerStatus {
+                    id: r.id.clone(),
+                    sandbox_id: meta.sandbox_id,
+                    pod_uid: meta.pod_uid,
+                    name: meta.name,
+                    attempt: meta.attempt,
+                    image: meta.image,
+                    image_ref: meta.image_ref,
+                    image_id: meta.image_id,
+                    state,
+                    created_at: r.created_at,
+                    started_at: r.started_at.unwrap_or(0),
+                    finished_at: r.finished_at.unwrap_or(0),
+                    exit_code,
+                    reason: reason.into(),
+                    message,
+                    log_path: meta.log_path,
+                    pid: r.pid,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn pull_image<'a>(&'a self, image: &'a str, auth: &'a [PullAuth]) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
+        Box::pin(async move {
+            let creds: Vec<Credentials> = auth
+                .iter()
+                .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() })
+                .collect();
+            match self.puller.pull(image, &creds).await {
+                Ok(r) => Ok(ImageInfo { id: r.id, repo_digests: r.repo_digests.into_iter().collect(), size: r.size }),
+                Err(e) => Err(ImageFailure { reason: e.reason().into(), message: e.to_string() }),
+            }
+        })
+    }
+
+    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
+        Box::pin(async move {
+            if let Err(e) = images::parse_reference(image) {
+                if !image.starts_with("sha256:") {
+                    return Err(ImageFailure { reason: e.reason().into(), message: e.to_string() });
+                }
+            }
+            let index = self
+                .store
+                .read_index()
+                .map_err(|e| ImageFailure { reason: "ErrImagePull".into(), message: e.to_string() })?;
+            Ok(index.find(image).map(|r| ImageInfo {
+                id: r.id.clone(),
+                repo_digests: r.repo_digests.iter().cloned().collect(),
+                size: r.size,
+            }))
         })
     }
 }
@@ -137,11 +577,17 @@ mod tests {
         assert_eq!(detect_cgroups(dir.path()), Some(CgroupMode::V2));
     }
 
+    fn runtime(dir: &Path, cg: &Path, state: &str) -> OciRuntime {
+        let store = Arc::new(ImageStore::open(dir.join("images")).unwrap());
+        let puller = Arc::new(Puller::new(store, Default::default()));
+        OciRuntime::new(dir.join(state), cg, puller)
+    }
+
     #[tokio::test]
     async fn status_reflects_host_checks() {
         let dir = tempfile::tempdir().unwrap();
         let cg = dir.path().join("cg");
-        let rt = OciRuntime::new(dir.path().join("state"), &cg);
+        let rt = runtime(dir.path(), &cg, "state");
         let st = rt.status().await.unwrap();
         let c = st.condition(ConditionKind::RuntimeReady).unwrap();
         assert!(!c.status);
@@ -149,18 +595,16 @@ mod tests {
 
         std::fs::create_dir_all(&cg).unwrap();
         std::fs::write(cg.join("cgroup.controllers"), "memory").unwrap();
+        // Cgroups and state are fine, but no monitor answers yet.
         let st = rt.status().await.unwrap();
-        assert!(st.is_ready(ConditionKind::RuntimeReady));
+        assert_eq!(st.condition(ConditionKind::RuntimeReady).unwrap().reason, "MonitorUnavailable");
         assert!(dir.path().join("state").is_dir());
 
         // A state dir that is a file cannot hold state.
-        let blocked = OciRuntime::new(dir.path().join("cg/cgroup.controllers"), &cg);
+        std::fs::write(dir.path().join("file"), "x").unwrap();
+        let blocked = runtime(dir.path(), &cg, "file");
         let st = blocked.status().await.unwrap();
-        let c = st.condition(ConditionKind::RuntimeReady).unwrap();
-        assert_eq!(c.reason, "StateDirUnwritable");
-        assert_eq!(
-            rt.version().await.unwrap().node_info(),
-            "kinglet-oci://0.1.0"
-        );
+        assert_eq!(st.condition(ConditionKind::RuntimeReady).unwrap().reason, "StateDirUnwritable");
+        assert_eq!(rt.version().await.unwrap().node_info(), "kinglet-oci://0.1.0");
     }
 }
