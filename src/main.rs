@@ -9,6 +9,7 @@ mod config;
 mod health;
 mod images;
 mod node;
+mod pods;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -37,6 +38,10 @@ fn main() -> ExitCode {
     }
     // One TLS provider for every client (the API and registries).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(config::flags::Command::Pods(config::flags::PodsCommand::Ls)) = &flags.command {
+        print!("{}", pods::table(&flags.root_dir.join("pods")));
+        return ExitCode::SUCCESS;
+    }
     if let Some(config::flags::Command::Images(cmd)) = flags.command.take() {
         init_logging(&config::Logging::default());
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -136,24 +141,66 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&s.root_dir)
         .with_context(|| format!("cannot create root dir {}", s.root_dir.display()))?;
 
-    let runtime: Arc<dyn Runtime> = match s.runtime {
-        RuntimeKind::Oci => Arc::new(kinglet_runtime_oci::OciRuntime::new(
-            s.root_dir.join("runtime/oci"),
-            "/sys/fs/cgroup",
-        )),
-        RuntimeKind::Cri => anyhow::bail!(
+    if s.runtime == RuntimeKind::Cri {
+        anyhow::bail!(
             "--runtime cri: the containerd (CRI) runtime is not part of this build yet; use --runtime oci"
-        ),
-    };
-
+        );
+    }
     let shutdown = CancellationToken::new();
     let cfg = &s.config;
     let mut tasks = Vec::new();
 
     let store = images::open_store(&s.root_dir)?;
-    // A bad registry configuration is a start-up error, like a bad config;
-    // the puller is handed to the pod workers when they land.
-    let _puller = images::puller(store.clone(), &s.registry_config)?;
+    // A bad registry configuration is a start-up error, like a bad config.
+    let puller = Arc::new(images::puller(store.clone(), &s.registry_config)?);
+    let oci = kinglet_runtime_oci::OciRuntime::new(
+        s.root_dir.join("runtime/oci"),
+        "/sys/fs/cgroup",
+        puller,
+    );
+    let exe = std::env::current_exe().context("cannot find kinglet's own executable")?;
+    if let Err(e) = oci.start_monitor(&exe).await {
+        // The node reports NotReady with the reason until it answers.
+        warn!(error = %e, "the container monitor did not start");
+    }
+    let runtime: Arc<dyn Runtime> = Arc::new(oci);
+
+    // Pods: static manifests now; the API source joins when connected.
+    let (pod_tx, pod_rx) = tokio::sync::mpsc::channel(16);
+    let mut sources = Vec::new();
+    if !cfg.static_pod_path.is_empty() {
+        sources.push("file");
+        tasks.push(tokio::spawn(pods::file::watch(
+            cfg.static_pod_path.clone().into(),
+            s.node_name.clone(),
+            pod_tx.clone(),
+            shutdown.clone(),
+        )));
+    }
+    let machine = node::host::HostPaths::default().machine_info();
+    let addresses = node::host::node_addresses(s.node_ip, &s.node_name);
+    let node_ip = addresses
+        .iter()
+        .find(|(t, _)| t == "InternalIP")
+        .map(|(_, a)| a.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let manager = pods::PodManager {
+        runtime: runtime.clone(),
+        node: pods::convert::NodeContext {
+            node_name: s.node_name.clone(),
+            node_ip,
+            memory_capacity: machine.memory_bytes,
+            cluster_dns: cfg.cluster_dns.clone(),
+            cluster_domain: cfg.cluster_domain.clone(),
+            pod_pids_limit: cfg.pod_pids_limit,
+            log_root: s.pod_log_dir.display().to_string(),
+        },
+        status_dir: s.root_dir.join("pods"),
+        sources,
+        sink: None,
+    };
+    tasks.push(tokio::spawn(manager.run(pod_rx, shutdown.clone())));
+    drop(pod_tx);
     tasks.push(tokio::spawn(images::watch_import_dir(
         store.clone(),
         s.import_dir.clone(),
@@ -196,7 +243,6 @@ async fn run(s: Settings) -> anyhow::Result<()> {
             let client = kube::Client::try_from(client_cfg)
                 .with_context(|| format!("cannot build an API client from {}", path.display()))?;
             let host = node::host::HostPaths::default();
-            let machine = host.machine_info();
             let agent = node::NodeAgent {
                 client,
                 template: node::NodeTemplate::from_settings(&s),
@@ -211,7 +257,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
                         env!("CARGO_PKG_VERSION")
                     ),
                     kubelet_port: cfg.port,
-                    addresses: node::host::node_addresses(s.node_ip, &s.node_name),
+                    addresses,
                     thresholds: cfg.eviction_thresholds()?,
                     reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
                     pressure_transition: cfg.eviction_pressure_transition_period.0,

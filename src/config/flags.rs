@@ -42,12 +42,21 @@ pub enum Command {
     /// Manage the image store (safe while the agent runs).
     #[command(subcommand)]
     Images(ImagesCommand),
+    /// List the pods this node runs (works while the agent runs or not).
+    #[command(subcommand)]
+    Pods(PodsCommand),
     /// The container monitor (started by kinglet itself).
     #[command(hide = true)]
     Monitor {
         #[arg(long, value_name = "DIR")]
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum PodsCommand {
+    /// Pods with their status, as `kubectl get pods` shows them.
+    Ls,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -124,6 +133,10 @@ pub struct Flags {
     )]
     pub image_registry_config: PathBuf,
 
+    /// Where container logs are written, as `<ns>_<pod>_<uid>/<container>/<n>.log`.
+    #[arg(long, value_name = "DIR", default_value = "/var/log/pods")]
+    pub pod_log_dir: PathBuf,
+
     /// Directory watched for image archives to import [default: <root-dir>/images/import].
     #[arg(long, value_name = "DIR")]
     pub image_import_dir: Option<PathBuf>,
@@ -162,6 +175,7 @@ pub struct Settings {
     pub runtime: RuntimeKind,
     pub registry_config: PathBuf,
     pub import_dir: PathBuf,
+    pub pod_log_dir: PathBuf,
 }
 
 impl Flags {
@@ -235,6 +249,7 @@ impl Flags {
             root_dir: self.root_dir.clone(),
             runtime: self.runtime,
             registry_config: self.image_registry_config.clone(),
+            pod_log_dir: self.pod_log_dir.clone(),
             import_dir: self
                 .image_import_dir
                 .clone()

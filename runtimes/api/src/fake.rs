@@ -103,7 +103,11 @@ impl FakeRuntime {
                 c.state = ContainerState::Exited;
                 c.exit_code = code;
                 c.finished_at = 2;
-                c.reason = if code == 0 { "Completed".into() } else { "Error".into() };
+                c.reason = if code == 0 {
+                    "Completed".into()
+                } else {
+                    "Error".into()
+                };
             }
         }
     }
@@ -151,7 +155,10 @@ impl Runtime for FakeRuntime {
         })
     }
 
-    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>> {
+    fn run_pod_sandbox<'a>(
+        &'a self,
+        cfg: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
             self.check_up()?;
             let mut s = self.lock();
@@ -160,7 +167,13 @@ impl Runtime for FakeRuntime {
             s.calls.push(format!("run_pod_sandbox {}", cfg.pod_name));
             s.sandboxes.insert(
                 id.clone(),
-                SandboxStatus { id: id.clone(), pod_uid: cfg.pod_uid.clone(), ready: true, ip: None, created_at: 1 },
+                SandboxStatus {
+                    id: id.clone(),
+                    pod_uid: cfg.pod_uid.clone(),
+                    ready: true,
+                    ip: None,
+                    created_at: 1,
+                },
             );
             Ok(id)
         })
@@ -224,14 +237,21 @@ impl Runtime for FakeRuntime {
         Box::pin(async move {
             let mut s = self.lock();
             let exits = s.exits.clone();
-            let c = s.containers.get_mut(id).ok_or_else(|| RuntimeError::Other(format!("no container {id}")))?;
+            let c = s
+                .containers
+                .get_mut(id)
+                .ok_or_else(|| RuntimeError::Other(format!("no container {id}")))?;
             c.state = ContainerState::Running;
             c.started_at = 1;
             if let Some(code) = exits.get(&c.name) {
                 c.state = ContainerState::Exited;
                 c.exit_code = *code;
                 c.finished_at = 2;
-                c.reason = if *code == 0 { "Completed".into() } else { "Error".into() };
+                c.reason = if *code == 0 {
+                    "Completed".into()
+                } else {
+                    "Error".into()
+                };
             }
             let name = c.name.clone();
             s.calls.push(format!("start {name}"));
@@ -275,7 +295,11 @@ impl Runtime for FakeRuntime {
         })
     }
 
-    fn pull_image<'a>(&'a self, image: &'a str, _auth: &'a [PullAuth]) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
+    fn pull_image<'a>(
+        &'a self,
+        image: &'a str,
+        _auth: &'a [PullAuth],
+    ) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
         Box::pin(async move {
             let mut s = self.lock();
             s.calls.push(format!("pull {image}"));
@@ -286,7 +310,10 @@ impl Runtime for FakeRuntime {
         })
     }
 
-    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
+    fn image_status<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
         Box::pin(async move { Ok(self.lock().images.get(image).cloned()) })
     }
 }

@@ -117,10 +117,15 @@ pub struct ContainerConfig {
     pub attempt: u32,
     /// The image reference as the pod names it.
     pub image: String,
-    /// Entrypoint + arguments, resolved against the image.
+    /// `command` of the pod spec (replaces the image's Entrypoint if set).
+    pub command: Vec<String>,
+    /// `args` of the pod spec (replace the image's Cmd if set).
     pub args: Vec<String>,
+    /// Added to (and overriding) the image's environment.
     pub env: Vec<(String, String)>,
+    /// Empty: the image's WorkingDir.
     pub working_dir: String,
+    /// None: the image's User.
     pub uid: Option<u32>,
     pub gid: Option<u32>,
     pub supplemental_groups: Vec<u32>,
@@ -216,7 +221,10 @@ pub trait Runtime: Send + Sync {
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>>;
 
     /// CRI `RunPodSandbox`; returns the sandbox ID.
-    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>>;
+    fn run_pod_sandbox<'a>(
+        &'a self,
+        cfg: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
     /// CRI `StopPodSandbox` + `RemovePodSandbox`: what is left of the pod
     /// goes (containers must be stopped first).
     fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
@@ -248,5 +256,8 @@ pub trait Runtime: Send + Sync {
         auth: &'a [PullAuth],
     ) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>>;
     /// CRI `ImageStatus`: `None` if not present.
-    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>>;
+    fn image_status<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>>;
 }

@@ -113,7 +113,11 @@ pub struct OciRuntime {
 impl OciRuntime {
     /// A runtime keeping its state under `dir`, using the cgroup hierarchy
     /// at `cgroup_root` and images from `puller`'s store.
-    pub fn new(dir: impl Into<PathBuf>, cgroup_root: impl Into<PathBuf>, puller: Arc<Puller>) -> Self {
+    pub fn new(
+        dir: impl Into<PathBuf>,
+        cgroup_root: impl Into<PathBuf>,
+        puller: Arc<Puller>,
+    ) -> Self {
         let dir = dir.into();
         OciRuntime {
             monitor: Client::new(&dir.join("monitor")),
@@ -147,13 +151,22 @@ impl OciRuntime {
             message,
         };
         if detect_cgroups(&self.cgroup_root).is_none() {
-            return not_ready("CgroupsUnavailable", format!("no cgroup hierarchy at {}", self.cgroup_root.display()));
+            return not_ready(
+                "CgroupsUnavailable",
+                format!("no cgroup hierarchy at {}", self.cgroup_root.display()),
+            );
         }
         if let Err(e) = probe_writable(&self.dir).await {
-            return not_ready("StateDirUnwritable", format!("state dir {}: {e}", self.dir.display()));
+            return not_ready(
+                "StateDirUnwritable",
+                format!("state dir {}: {e}", self.dir.display()),
+            );
         }
         if !self.monitor.ping().await {
-            return not_ready("MonitorUnavailable", "the container monitor does not answer".into());
+            return not_ready(
+                "MonitorUnavailable",
+                "the container monitor does not answer".into(),
+            );
         }
         RuntimeCondition {
             kind: ConditionKind::RuntimeReady,
@@ -193,7 +206,11 @@ impl OciRuntime {
     }
 
     /// The root filesystem: an overlay of the image's layers, or a copy.
-    fn prepare_rootfs(&self, dir: &Path, image: &images::ImageRecord) -> Result<bool, RuntimeError> {
+    fn prepare_rootfs(
+        &self,
+        dir: &Path,
+        image: &images::ImageRecord,
+    ) -> Result<bool, RuntimeError> {
         let rootfs = dir.join("rootfs");
         std::fs::create_dir_all(&rootfs).map_err(|e| rt_err("rootfs", e))?;
         if self.store.uses_overlay() {
@@ -212,13 +229,26 @@ impl OciRuntime {
             if lowers.is_empty() {
                 return Ok(false);
             }
-            let data = format!("lowerdir={},upperdir={},workdir={}", lowers.join(":"), upper.display(), work.display());
+            let data = format!(
+                "lowerdir={},upperdir={},workdir={}",
+                lowers.join(":"),
+                upper.display(),
+                work.display()
+            );
             let data = std::ffi::CString::new(data).map_err(|e| rt_err("overlay options", e))?;
-            rustix::mount::mount("overlay", &rootfs, "overlay", rustix::mount::MountFlags::empty(), Some(data.as_c_str()))
-                .map_err(|e| rt_err("overlay mount", e))?;
+            rustix::mount::mount(
+                "overlay",
+                &rootfs,
+                "overlay",
+                rustix::mount::MountFlags::empty(),
+                Some(data.as_c_str()),
+            )
+            .map_err(|e| rt_err("overlay mount", e))?;
             Ok(true)
         } else {
-            self.store.flatten(image, &rootfs).map_err(|e| rt_err("rootfs copy", e))?;
+            self.store
+                .flatten(image, &rootfs)
+                .map_err(|e| rt_err("rootfs copy", e))?;
             Ok(false)
         }
     }
@@ -242,7 +272,13 @@ impl OciRuntime {
         }
         let deadline = tokio::time::Instant::now() + timeout;
         if !timeout.is_zero() {
-            let _ = self.monitor.call(&Request::Kill { id: id.into(), signal }).await;
+            let _ = self
+                .monitor
+                .call(&Request::Kill {
+                    id: id.into(),
+                    signal,
+                })
+                .await;
             while tokio::time::Instant::now() < deadline {
                 if state(id).await.is_ok_and(|r| r.status == "exited") {
                     return Ok(());
@@ -250,15 +286,108 @@ impl OciRuntime {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        let _ = self.monitor.call(&Request::Kill { id: id.into(), signal: libc::SIGKILL }).await;
+        let _ = self
+            .monitor
+            .call(&Request::Kill {
+                id: id.into(),
+                signal: libc::SIGKILL,
+            })
+            .await;
         for _ in 0..50 {
             if state(id).await.is_ok_and(|r| r.status == "exited") {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Err(RuntimeError::Other(format!("container {id} did not stop after SIGKILL")))
+        Err(RuntimeError::Other(format!(
+            "container {id} did not stop after SIGKILL"
+        )))
     }
+}
+
+/// The parts of an image config a container starts from.
+#[derive(Debug, Default)]
+struct ImageDefaults {
+    entrypoint: Vec<String>,
+    cmd: Vec<String>,
+    env: Vec<String>,
+    working_dir: String,
+    user: String,
+}
+
+impl OciRuntime {
+    fn image_config(&self, image: &images::ImageRecord) -> ImageDefaults {
+        let Ok(raw) = self.store.read_blob(&image.id) else {
+            return ImageDefaults::default();
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&raw) else {
+            return ImageDefaults::default();
+        };
+        let c = &v["config"];
+        let strings = |x: &serde_json::Value| -> Vec<String> {
+            x.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        ImageDefaults {
+            entrypoint: strings(&c["Entrypoint"]),
+            cmd: strings(&c["Cmd"]),
+            env: strings(&c["Env"]),
+            working_dir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
+            user: c["User"].as_str().unwrap_or("").to_string(),
+        }
+    }
+}
+
+/// The process to run, as the kubelet and containerd merge them: a pod
+/// `command` replaces the Entrypoint (and drops the Cmd), pod `args`
+/// replace the Cmd.
+fn merge_args(image: &ImageDefaults, command: &[String], args: &[String]) -> Vec<String> {
+    let mut out = if command.is_empty() {
+        image.entrypoint.clone()
+    } else {
+        command.to_vec()
+    };
+    if !args.is_empty() {
+        out.extend_from_slice(args);
+    } else if command.is_empty() {
+        out.extend(image.cmd.iter().cloned());
+    }
+    out
+}
+
+/// The image's `User` (`uid[:gid]` or names from the rootfs's passwd and
+/// group files) as numbers; root when unset or unknown.
+fn resolve_user(user: &str, rootfs: &Path) -> (u32, u32) {
+    if user.is_empty() {
+        return (0, 0);
+    }
+    let (u, g) = user
+        .split_once(':')
+        .map_or((user, None), |(u, g)| (u, Some(g)));
+    let lookup = |file: &str, name: &str| -> Option<(u32, u32)> {
+        let text = std::fs::read_to_string(rootfs.join(file)).ok()?;
+        text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.first() == Some(&name) && f.len() > 3)
+                .then(|| (f[2].parse().unwrap_or(0), f[3].parse().unwrap_or(0)))
+        })
+    };
+    let (uid, pgid) = match u.parse::<u32>() {
+        Ok(n) => (n, lookup("etc/passwd", u).map_or(n, |x| x.1)),
+        Err(_) => lookup("etc/passwd", u).unwrap_or((0, 0)),
+    };
+    let gid = match g {
+        Some(g) => g
+            .parse()
+            .unwrap_or_else(|_| lookup("etc/group", g).map_or(0, |x| x.0)),
+        None => pgid,
+    };
+    (uid, gid)
 }
 
 /// Creates the directory if needed and proves a file can be written in it.
@@ -291,18 +420,25 @@ impl Runtime for OciRuntime {
                 reason: String::new(),
                 message: String::new(),
             };
-            Ok(RuntimeStatus { conditions: vec![runtime, network] })
+            Ok(RuntimeStatus {
+                conditions: vec![runtime, network],
+            })
         })
     }
 
-    fn run_pod_sandbox<'a>(&'a self, cfg: &'a SandboxConfig) -> BoxFuture<'a, Result<String, RuntimeError>> {
+    fn run_pod_sandbox<'a>(
+        &'a self,
+        cfg: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
             let id = new_id();
             let dir = self.sandbox_dir(&id);
             std::fs::create_dir_all(&dir).map_err(|e| rt_err("sandbox dir", e))?;
             std::fs::write(dir.join("hosts"), &cfg.hosts).map_err(|e| rt_err("hosts", e))?;
-            std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf).map_err(|e| rt_err("resolv.conf", e))?;
-            std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname)).map_err(|e| rt_err("hostname", e))?;
+            std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf)
+                .map_err(|e| rt_err("resolv.conf", e))?;
+            std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname))
+                .map_err(|e| rt_err("hostname", e))?;
             if !cfg.log_directory.is_empty() {
                 std::fs::create_dir_all(&cfg.log_directory).map_err(|e| rt_err("log dir", e))?;
             }
@@ -313,7 +449,8 @@ impl Runtime for OciRuntime {
                 cgroup_parent: cfg.cgroup_parent.clone(),
                 created_at: jiff::Timestamp::now().as_nanosecond() as i64,
             };
-            write_json_atomic(&dir.join("meta.json"), &meta).map_err(|e| rt_err("sandbox meta", e))?;
+            write_json_atomic(&dir.join("meta.json"), &meta)
+                .map_err(|e| rt_err("sandbox meta", e))?;
             Ok(id)
         })
     }
@@ -359,11 +496,13 @@ impl Runtime for OciRuntime {
         sandbox: &'a SandboxConfig,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
-            let index = self.store.read_index().map_err(|e| rt_err("image store", e))?;
-            let image = index
-                .find(&cfg.image)
-                .cloned()
-                .ok_or_else(|| RuntimeError::Other(format!("image {:?} is not present", cfg.image)))?;
+            let index = self
+                .store
+                .read_index()
+                .map_err(|e| rt_err("image store", e))?;
+            let image = index.find(&cfg.image).cloned().ok_or_else(|| {
+                RuntimeError::Other(format!("image {:?} is not present", cfg.image))
+            })?;
             let id = new_id();
             let dir = self.container_dir(&id);
             std::fs::create_dir_all(&dir).map_err(|e| rt_err("container dir", e))?;
@@ -371,14 +510,30 @@ impl Runtime for OciRuntime {
                 let overlay = self.prepare_rootfs(&dir, &image)?;
                 let sdir = self.sandbox_dir(sandbox_id);
                 let mut mounts = vec![
-                    spec::BindMount { source: sdir.join("hosts"), destination: "/etc/hosts".into(), readonly: false },
-                    spec::BindMount { source: sdir.join("resolv.conf"), destination: "/etc/resolv.conf".into(), readonly: false },
-                    spec::BindMount { source: sdir.join("hostname"), destination: "/etc/hostname".into(), readonly: false },
+                    spec::BindMount {
+                        source: sdir.join("hosts"),
+                        destination: "/etc/hosts".into(),
+                        readonly: false,
+                    },
+                    spec::BindMount {
+                        source: sdir.join("resolv.conf"),
+                        destination: "/etc/resolv.conf".into(),
+                        readonly: false,
+                    },
+                    spec::BindMount {
+                        source: sdir.join("hostname"),
+                        destination: "/etc/hostname".into(),
+                        readonly: false,
+                    },
                 ];
                 if !cfg.termination_message_path.is_empty() {
                     let tl = dir.join("termination-log");
                     std::fs::write(&tl, b"").map_err(|e| rt_err("termination log", e))?;
-                    mounts.push(spec::BindMount { source: tl, destination: cfg.termination_message_path.clone(), readonly: false });
+                    mounts.push(spec::BindMount {
+                        source: tl,
+                        destination: cfg.termination_message_path.clone(),
+                        readonly: false,
+                    });
                 }
                 for m in &cfg.mounts {
                     mounts.push(spec::BindMount {
@@ -387,12 +542,52 @@ impl Runtime for OciRuntime {
                         readonly: m.readonly,
                     });
                 }
+                let ic = self.image_config(&image);
+                let (uid, gid) = match (cfg.uid, cfg.gid) {
+                    (Some(u), g) => (u, g.unwrap_or(0)),
+                    (None, g) => {
+                        let (u, ig) = resolve_user(&ic.user, &dir.join("rootfs"));
+                        (u, g.unwrap_or(ig))
+                    }
+                };
+                let args = merge_args(&ic, &cfg.command, &cfg.args);
+                if args.is_empty() {
+                    return Err(RuntimeError::Other(
+                        "no command specified: the image has neither Entrypoint nor Cmd".into(),
+                    ));
+                }
+                let mut env: Vec<(String, String)> = ic
+                    .env
+                    .iter()
+                    .filter_map(|e| {
+                        e.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
+                    .collect();
+                for (k, v) in &cfg.env {
+                    env.retain(|(ek, _)| ek != k);
+                    env.push((k.clone(), v.clone()));
+                }
+                if !env.iter().any(|(k, _)| k == "PATH") {
+                    env.insert(
+                        0,
+                        (
+                            "PATH".into(),
+                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                        ),
+                    );
+                }
+                let cwd = if cfg.working_dir.is_empty() {
+                    ic.working_dir.clone()
+                } else {
+                    cfg.working_dir.clone()
+                };
                 let oci = spec::ContainerConfig {
-                    args: cfg.args.clone(),
-                    env: cfg.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                    cwd: cfg.working_dir.clone(),
-                    uid: cfg.uid.unwrap_or(0),
-                    gid: cfg.gid.unwrap_or(0),
+                    args,
+                    env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+                    cwd,
+                    uid,
+                    gid,
                     additional_gids: cfg.supplemental_groups.clone(),
                     hostname: sandbox.hostname.clone(),
                     rootfs: dir.join("rootfs"),
@@ -415,8 +610,11 @@ impl Runtime for OciRuntime {
                     sysctls: cfg.sysctls.clone(),
                     ..Default::default()
                 };
-                std::fs::write(dir.join("config.json"), serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?)
-                    .map_err(|e| rt_err("config.json", e))?;
+                std::fs::write(
+                    dir.join("config.json"),
+                    serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?,
+                )
+                .map_err(|e| rt_err("config.json", e))?;
                 Ok::<bool, RuntimeError>(overlay)
             })();
             let overlay = match created {
@@ -433,12 +631,18 @@ impl Runtime for OciRuntime {
                 name: cfg.name.clone(),
                 attempt: cfg.attempt,
                 image: cfg.image.clone(),
-                image_ref: image.repo_digests.iter().next().cloned().unwrap_or_else(|| image.id.clone()),
+                image_ref: image
+                    .repo_digests
+                    .iter()
+                    .next()
+                    .cloned()
+                    .unwrap_or_else(|| image.id.clone()),
                 image_id: image.id.clone(),
                 log_path: log_path.display().to_string(),
                 overlay,
             };
-            write_json_atomic(&dir.join("meta.json"), &meta).map_err(|e| rt_err("container meta", e))?;
+            write_json_atomic(&dir.join("meta.json"), &meta)
+                .map_err(|e| rt_err("container meta", e))?;
             let req = Request::Create {
                 id: id.clone(),
                 bundle: dir.clone(),
@@ -465,7 +669,12 @@ impl Runtime for OciRuntime {
         })
     }
 
-    fn stop_container<'a>(&'a self, id: &'a str, timeout: Duration, signal: i32) -> BoxFuture<'a, Result<(), RuntimeError>> {
+    fn stop_container<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: Duration,
+        signal: i32,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(self.stop(id, timeout, signal))
     }
 
@@ -483,10 +692,16 @@ impl Runtime for OciRuntime {
 
     fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
         Box::pin(async move {
-            let records = self.monitor.list().await.map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+            let records = self
+                .monitor
+                .list()
+                .await
+                .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
             let mut out = Vec::new();
             for r in records {
-                let Some(meta) = read_json::<ContainerMeta>(&self.container_dir(&r.id).join("meta.json")) else {
+                let Some(meta) =
+                    read_json::<ContainerMeta>(&self.container_dir(&r.id).join("meta.json"))
+                else {
                     continue;
                 };
                 let state = match r.status.as_str() {
@@ -495,7 +710,11 @@ impl Runtime for OciRuntime {
                     "exited" => ContainerState::Exited,
                     _ => ContainerState::Unknown,
                 };
-                let exit_code = r.exit_code.unwrap_or(if state == ContainerState::Exited { 255 } else { 0 });
+                let exit_code = r.exit_code.unwrap_or(if state == ContainerState::Exited {
+                    255
+                } else {
+                    0
+                });
                 let reason = match state {
                     ContainerState::Exited if r.oom_killed => "OOMKilled",
                     ContainerState::Exited if r.exit_code.is_none() => "Unknown",
@@ -530,30 +749,50 @@ impl Runtime for OciRuntime {
         })
     }
 
-    fn pull_image<'a>(&'a self, image: &'a str, auth: &'a [PullAuth]) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
+    fn pull_image<'a>(
+        &'a self,
+        image: &'a str,
+        auth: &'a [PullAuth],
+    ) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
         Box::pin(async move {
             let creds: Vec<Credentials> = auth
                 .iter()
-                .map(|a| Credentials { username: a.username.clone(), password: a.password.clone() })
+                .map(|a| Credentials {
+                    username: a.username.clone(),
+                    password: a.password.clone(),
+                })
                 .collect();
             match self.puller.pull(image, &creds).await {
-                Ok(r) => Ok(ImageInfo { id: r.id, repo_digests: r.repo_digests.into_iter().collect(), size: r.size }),
-                Err(e) => Err(ImageFailure { reason: e.reason().into(), message: e.to_string() }),
+                Ok(r) => Ok(ImageInfo {
+                    id: r.id,
+                    repo_digests: r.repo_digests.into_iter().collect(),
+                    size: r.size,
+                }),
+                Err(e) => Err(ImageFailure {
+                    reason: e.reason().into(),
+                    message: e.to_string(),
+                }),
             }
         })
     }
 
-    fn image_status<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
+    fn image_status<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
         Box::pin(async move {
-            if let Err(e) = images::parse_reference(image) {
-                if !image.starts_with("sha256:") {
-                    return Err(ImageFailure { reason: e.reason().into(), message: e.to_string() });
-                }
+            if let Err(e) = images::parse_reference(image)
+                && !image.starts_with("sha256:")
+            {
+                return Err(ImageFailure {
+                    reason: e.reason().into(),
+                    message: e.to_string(),
+                });
             }
-            let index = self
-                .store
-                .read_index()
-                .map_err(|e| ImageFailure { reason: "ErrImagePull".into(), message: e.to_string() })?;
+            let index = self.store.read_index().map_err(|e| ImageFailure {
+                reason: "ErrImagePull".into(),
+                message: e.to_string(),
+            })?;
             Ok(index.find(image).map(|r| ImageInfo {
                 id: r.id.clone(),
                 repo_digests: r.repo_digests.iter().cloned().collect(),
@@ -566,6 +805,37 @@ impl Runtime for OciRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_and_args_merge_like_upstream() {
+        let img = ImageDefaults {
+            entrypoint: vec!["/ep".into()],
+            cmd: vec!["c1".into()],
+            ..Default::default()
+        };
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(merge_args(&img, &[], &[]), s(&["/ep", "c1"]));
+        assert_eq!(merge_args(&img, &[], &s(&["a"])), s(&["/ep", "a"]));
+        assert_eq!(merge_args(&img, &s(&["/x"]), &[]), s(&["/x"]));
+        assert_eq!(merge_args(&img, &s(&["/x"]), &s(&["a"])), s(&["/x", "a"]));
+    }
+
+    #[test]
+    fn users_resolve_from_the_rootfs() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("etc")).unwrap();
+        std::fs::write(
+            d.path().join("etc/passwd"),
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::write(d.path().join("etc/group"), "staff:x:50:\n").unwrap();
+        assert_eq!(resolve_user("", d.path()), (0, 0));
+        assert_eq!(resolve_user("app", d.path()), (1000, 1001));
+        assert_eq!(resolve_user("1000", d.path()), (1000, 1000));
+        assert_eq!(resolve_user("app:staff", d.path()), (1000, 50));
+        assert_eq!(resolve_user("42:7", d.path()), (42, 7));
+    }
 
     #[test]
     fn detects_cgroup_versions() {
@@ -597,14 +867,23 @@ mod tests {
         std::fs::write(cg.join("cgroup.controllers"), "memory").unwrap();
         // Cgroups and state are fine, but no monitor answers yet.
         let st = rt.status().await.unwrap();
-        assert_eq!(st.condition(ConditionKind::RuntimeReady).unwrap().reason, "MonitorUnavailable");
+        assert_eq!(
+            st.condition(ConditionKind::RuntimeReady).unwrap().reason,
+            "MonitorUnavailable"
+        );
         assert!(dir.path().join("state").is_dir());
 
         // A state dir that is a file cannot hold state.
         std::fs::write(dir.path().join("file"), "x").unwrap();
         let blocked = runtime(dir.path(), &cg, "file");
         let st = blocked.status().await.unwrap();
-        assert_eq!(st.condition(ConditionKind::RuntimeReady).unwrap().reason, "StateDirUnwritable");
-        assert_eq!(rt.version().await.unwrap().node_info(), "kinglet-oci://0.1.0");
+        assert_eq!(
+            st.condition(ConditionKind::RuntimeReady).unwrap().reason,
+            "StateDirUnwritable"
+        );
+        assert_eq!(
+            rt.version().await.unwrap().node_info(),
+            "kinglet-oci://0.1.0"
+        );
     }
 }

@@ -99,7 +99,13 @@ impl ContainerConfig {
         } else {
             DEFAULT_CAPS.iter().map(|s| s.to_string()).collect()
         };
-        for c in &self.capabilities_add {
+        // Privileged containers get every capability; add/drop do not apply.
+        let (adds, drops) = if self.privileged {
+            (&[][..], &[][..])
+        } else {
+            (&self.capabilities_add[..], &self.capabilities_drop[..])
+        };
+        for c in adds {
             let c = cap_name(c);
             if c == "CAP_ALL" {
                 caps = ALL_CAPS.iter().map(|s| s.to_string()).collect();
@@ -107,7 +113,7 @@ impl ContainerConfig {
                 caps.push(c);
             }
         }
-        for c in &self.capabilities_drop {
+        for c in drops {
             let c = cap_name(c);
             if c == "CAP_ALL" {
                 caps.clear();

@@ -1,0 +1,525 @@
+//! From the Kubernetes pod spec to what the runtime is asked for: QoS class
+//! and cgroup parent, the sandbox (hostname, DNS, hosts), and each
+//! container's config (command, env with `$(VAR)` expansion and field
+//! references, resources, security context), as the upstream kubelet
+//! derives them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kinglet_runtime::{ContainerConfig, SandboxConfig};
+
+use crate::config::parse_quantity;
+
+/// Node facts the conversion needs.
+#[derive(Clone, Debug, Default)]
+pub struct NodeContext {
+    pub node_name: String,
+    pub node_ip: String,
+    pub memory_capacity: u64,
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    pub pod_pids_limit: i64,
+    pub log_root: String,
+}
+
+/// `Guaranteed`, `Burstable` or `BestEffort`, by upstream's rules.
+pub fn qos_class(pod: &Pod) -> &'static str {
+    let spec = match &pod.spec {
+        Some(s) => s,
+        None => return "BestEffort",
+    };
+    let all: Vec<&Container> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in &all {
+        let r = c.resources.clone().unwrap_or_default();
+        let req = r.requests.unwrap_or_default();
+        let lim = r.limits.unwrap_or_default();
+        if !req.is_empty() || !lim.is_empty() {
+            any = true;
+        }
+        for res in ["cpu", "memory"] {
+            let l = lim.get(res).map(|q| quantity_milli(&q.0));
+            let rq = req.get(res).map(|q| quantity_milli(&q.0)).or(l);
+            if l.is_none() || rq != l {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+/// A quantity in thousandths (cpu `250m` → 250, `1` → 1000; bytes × 1000).
+pub fn quantity_milli(q: &str) -> u128 {
+    match q.strip_suffix('m') {
+        Some(n) => n.parse::<f64>().map_or(0, |v| v.ceil() as u128),
+        None => parse_quantity(q).map_or(0, |v| u128::from(v) * 1000),
+    }
+}
+
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+/// `kubepods/pod<uid>` (Guaranteed), `kubepods/burstable/pod<uid>`,
+/// `kubepods/besteffort/pod<uid>`, as upstream's cgroupfs driver names them.
+pub fn cgroup_parent(pod: &Pod) -> String {
+    let uid = pod_uid(pod);
+    match qos_class(pod) {
+        "Guaranteed" => format!("kubepods/pod{uid}"),
+        "Burstable" => format!("kubepods/burstable/pod{uid}"),
+        _ => format!("kubepods/besteffort/pod{uid}"),
+    }
+}
+
+/// The OOM score adjustment of a container, by its pod's QoS class.
+pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: u64) -> i32 {
+    match qos_class(pod) {
+        "Guaranteed" => -997,
+        "BestEffort" => 1000,
+        _ => {
+            let req = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("memory"))
+                .and_then(|q| parse_quantity(&q.0).ok())
+                .unwrap_or(0);
+            if memory_capacity == 0 {
+                return 999;
+            }
+            let adj = 1000 - (1000u128 * u128::from(req) / u128::from(memory_capacity)) as i64;
+            adj.clamp(2, 999) as i32
+        }
+    }
+}
+
+pub fn log_directory(pod: &Pod, root: &str) -> String {
+    format!(
+        "{}/{}_{}_{}",
+        root.trim_end_matches('/'),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or(""),
+        pod_uid(pod)
+    )
+}
+
+/// The sandbox: hostname, DNS and hosts file as the kubelet writes them.
+pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let host_network = spec.host_network.unwrap_or(false);
+    let hostname = if host_network {
+        node.node_name.clone()
+    } else {
+        spec.hostname
+            .clone()
+            .unwrap_or_else(|| name.chars().take(63).collect())
+    };
+    let policy = spec
+        .dns_policy
+        .clone()
+        .unwrap_or_else(|| "ClusterFirst".into());
+    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let cluster = (policy == "ClusterFirst" && !host_network
+        || policy == "ClusterFirstWithHostNet")
+        && !node.cluster_dns.is_empty();
+    let mut resolv = if policy == "None" {
+        String::new()
+    } else if cluster {
+        let mut search = vec![
+            format!("{ns}.svc.{}", node.cluster_domain),
+            format!("svc.{}", node.cluster_domain),
+            node.cluster_domain.clone(),
+        ];
+        search.retain(|s| !s.starts_with('.') && !s.is_empty() && !s.ends_with('.'));
+        let mut r: String = node
+            .cluster_dns
+            .iter()
+            .map(|ip| format!("nameserver {ip}\n"))
+            .collect();
+        if !search.is_empty() {
+            r.push_str(&format!("search {}\n", search.join(" ")));
+        }
+        r.push_str("options ndots:5\n");
+        r
+    } else {
+        host_resolv
+    };
+    if let Some(cfg) = &spec.dns_config {
+        for ip in cfg.nameservers.iter().flatten() {
+            resolv.push_str(&format!("nameserver {ip}\n"));
+        }
+        if let Some(s) = &cfg.searches
+            && !s.is_empty()
+        {
+            resolv.push_str(&format!("search {}\n", s.join(" ")));
+        }
+        let opts: Vec<String> = cfg
+            .options
+            .iter()
+            .flatten()
+            .map(|o| match &o.value {
+                Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
+                None => o.name.clone().unwrap_or_default(),
+            })
+            .collect();
+        if !opts.is_empty() {
+            resolv.push_str(&format!("options {}\n", opts.join(" ")));
+        }
+    }
+    let mut hosts = String::from(
+        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    );
+    hosts.push_str(&format!("{}\t{hostname}\n", node.node_ip));
+    for h in spec.host_aliases.iter().flatten() {
+        hosts.push_str(&format!(
+            "{}\t{}\n",
+            h.ip,
+            h.hostnames.clone().unwrap_or_default().join("\t")
+        ));
+    }
+    SandboxConfig {
+        pod_uid: pod_uid(pod),
+        pod_name: name,
+        namespace: ns,
+        hostname,
+        log_directory: log_directory(pod, &node.log_root),
+        host_network,
+        host_pid: spec.host_pid.unwrap_or(false),
+        host_ipc: spec.host_ipc.unwrap_or(false),
+        cgroup_parent: cgroup_parent(pod),
+        resolv_conf: resolv,
+        hosts,
+    }
+}
+
+/// Why a container config cannot be built: upstream's
+/// `CreateContainerConfigError`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+/// Expands `$(VAR)` from `env`; `$$(VAR)` escapes, unknown stays as is.
+pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(after) = tail.strip_prefix("$$(") {
+            out.push_str("$(");
+            rest = after;
+        } else if let Some(inner) = tail.strip_prefix("$(")
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match env.get(name) {
+                Some(v) => out.push_str(v),
+                None => out.push_str(&tail[..end + 3]),
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn field_ref(pod: &Pod, path: &str, node: &NodeContext) -> Option<String> {
+    let m = &pod.metadata;
+    Some(match path {
+        "metadata.name" => m.name.clone()?,
+        "metadata.namespace" => m.namespace.clone().unwrap_or_else(|| "default".into()),
+        "metadata.uid" => m.uid.clone()?,
+        "spec.nodeName" => node.node_name.clone(),
+        "spec.serviceAccountName" => pod
+            .spec
+            .as_ref()?
+            .service_account_name
+            .clone()
+            .unwrap_or_default(),
+        "status.hostIP" | "status.podIP" => node.node_ip.clone(),
+        p if p.starts_with("metadata.labels['") => {
+            let k = p
+                .trim_start_matches("metadata.labels['")
+                .trim_end_matches("']");
+            m.labels.as_ref()?.get(k)?.clone()
+        }
+        p if p.starts_with("metadata.annotations['") => {
+            let k = p
+                .trim_start_matches("metadata.annotations['")
+                .trim_end_matches("']");
+            m.annotations.as_ref()?.get(k)?.clone()
+        }
+        _ => return None,
+    })
+}
+
+/// The runtime's container config for `c`, restart number `attempt`.
+pub fn container_config(
+    pod: &Pod,
+    c: &Container,
+    attempt: u32,
+    node: &NodeContext,
+) -> Result<ContainerConfig, ConfigError> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    let mut ordered: Vec<(String, String)> = Vec::new();
+    for e in c.env.iter().flatten() {
+        let value = if let Some(vf) = &e.value_from {
+            if let Some(f) = &vf.field_ref {
+                field_ref(pod, &f.field_path, node).ok_or_else(|| {
+                    ConfigError(format!(
+                        "unsupported fieldRef {:?} in env {}",
+                        f.field_path, e.name
+                    ))
+                })?
+            } else if let Some(r) = &vf.resource_field_ref {
+                let res = c.resources.clone().unwrap_or_default();
+                let (kind, key) = match r.resource.split_once('.') {
+                    Some((k, key)) => (k, key),
+                    None => ("limits", r.resource.as_str()),
+                };
+                let map = if kind == "requests" {
+                    res.requests
+                } else {
+                    res.limits
+                }
+                .unwrap_or_default();
+                let divisor = r
+                    .divisor
+                    .as_ref()
+                    .map_or(1000, |d| quantity_milli(&d.0).max(1));
+                match map.get(key) {
+                    Some(q) => (quantity_milli(&q.0).div_ceil(divisor)).to_string(),
+                    // Unset limits read as node allocatable upstream; the
+                    // node's memory is what kinglet knows.
+                    None if key == "memory" => node.memory_capacity.to_string(),
+                    None => "0".into(),
+                }
+            } else if let Some(k) = &vf.config_map_key_ref {
+                return Err(ConfigError(format!("configmap {:?} not found", k.name)));
+            } else if let Some(k) = &vf.secret_key_ref {
+                return Err(ConfigError(format!("secret {:?} not found", k.name)));
+            } else {
+                String::new()
+            }
+        } else {
+            expand(e.value.as_deref().unwrap_or(""), &env)
+        };
+        env.insert(e.name.clone(), value.clone());
+        ordered.retain(|(k, _)| *k != e.name);
+        ordered.push((e.name.clone(), value));
+    }
+    if !c.env_from.as_ref().is_none_or(|v| v.is_empty()) {
+        return Err(ConfigError(
+            "envFrom needs the API server (configmaps and secrets)".into(),
+        ));
+    }
+    let command = c
+        .command
+        .iter()
+        .flatten()
+        .map(|s| expand(s, &env))
+        .collect();
+    let args = c.args.iter().flatten().map(|s| expand(s, &env)).collect();
+
+    let pod_sc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let uid = sc.run_as_user.or(pod_sc.run_as_user).map(|u| u as u32);
+    let gid = sc.run_as_group.or(pod_sc.run_as_group).map(|g| g as u32);
+    if sc.run_as_non_root.or(pod_sc.run_as_non_root) == Some(true) && uid == Some(0) {
+        return Err(ConfigError(
+            "container's runAsUser breaks non-root policy".into(),
+        ));
+    }
+    let mut groups: Vec<u32> = pod_sc
+        .supplemental_groups
+        .iter()
+        .flatten()
+        .map(|g| *g as u32)
+        .collect();
+    if let Some(fs) = pod_sc.fs_group {
+        groups.push(fs as u32);
+    }
+    let res = c.resources.clone().unwrap_or_default();
+    let lim = res.limits.unwrap_or_default();
+    let req = res.requests.unwrap_or_default();
+    let memory_limit = lim
+        .get("memory")
+        .and_then(|q| parse_quantity(&q.0).ok())
+        .map(|v| v as i64);
+    let cpu_limit = lim.get("cpu").map(|q| quantity_milli(&q.0));
+    let cpu_request = req.get("cpu").map(|q| quantity_milli(&q.0)).or(cpu_limit);
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let privileged = sc.privileged.unwrap_or(false);
+    let ann = pod.metadata.annotations.clone().unwrap_or_default();
+    let _ = ann;
+    Ok(ContainerConfig {
+        name: c.name.clone(),
+        attempt,
+        image: c.image.clone().unwrap_or_default(),
+        command,
+        args,
+        env: ordered,
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        uid,
+        gid,
+        supplemental_groups: groups,
+        log_path: format!("{}/{attempt}.log", c.name),
+        mounts: Vec::new(),
+        memory_limit,
+        cpu_shares: Some(cpu_request.map_or(2, |m| ((m * 1024) / 1000).max(2) as u64)),
+        cpu_quota: cpu_limit.map(|m| (m * 100) as i64),
+        pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
+        oom_score_adj: Some(oom_score_adj(pod, c, node.memory_capacity)),
+        privileged,
+        readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        no_new_privileges: sc.allow_privilege_escalation == Some(false) && !privileged,
+        capabilities_add: caps.add.unwrap_or_default(),
+        capabilities_drop: caps.drop.unwrap_or_default(),
+        sysctls: pod_sc
+            .sysctls
+            .iter()
+            .flatten()
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect(),
+        termination_message_path: c
+            .termination_message_path
+            .clone()
+            .unwrap_or_else(|| "/dev/termination-log".into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        serde_json::from_value(v).unwrap()
+    }
+
+    const BASE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge, uid: u-1, labels: {app: web}}\n";
+
+    #[test]
+    fn qos_classes_and_cgroups() {
+        let be = pod(&format!(
+            "{BASE}spec: {{containers: [{{name: a, image: x}}]}}"
+        ));
+        assert_eq!(qos_class(&be), "BestEffort");
+        assert_eq!(cgroup_parent(&be), "kubepods/besteffort/podu-1");
+        let g = pod(&format!(
+            "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{limits: {{cpu: 500m, memory: 64Mi}}}}}}]}}"
+        ));
+        assert_eq!(qos_class(&g), "Guaranteed");
+        assert_eq!(cgroup_parent(&g), "kubepods/podu-1");
+        let b = pod(&format!(
+            "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{requests: {{memory: 512Mi}}}}}}]}}"
+        ));
+        assert_eq!(qos_class(&b), "Burstable");
+        assert_eq!(
+            oom_score_adj(&g, &g.spec.as_ref().unwrap().containers[0], 2 << 30),
+            -997
+        );
+        assert_eq!(
+            oom_score_adj(&be, &be.spec.as_ref().unwrap().containers[0], 2 << 30),
+            1000
+        );
+        // 1000 - 1000 * 512Mi / 2Gi = 750.
+        assert_eq!(
+            oom_score_adj(&b, &b.spec.as_ref().unwrap().containers[0], 2 << 30),
+            750
+        );
+    }
+
+    #[test]
+    fn env_expansion_and_field_refs() {
+        let p = pod(&format!(
+            "{BASE}spec:\n  containers:\n  - name: a\n    image: x\n    command: [sh, -c, 'echo $(GREETING) $(POD) $$(LITERAL) $(MISSING)']\n    env:\n    - {{name: POD, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}\n    - {{name: NODE, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}\n    - {{name: APP, valueFrom: {{fieldRef: {{fieldPath: \"metadata.labels['app']\"}}}}}}\n    - {{name: GREETING, value: 'hi $(POD)'}}\n    - {{name: MEM, valueFrom: {{resourceFieldRef: {{resource: limits.memory, divisor: 1Mi}}}}}}\n    resources: {{limits: {{memory: 64Mi}}}}\n"
+        ));
+        let node = NodeContext {
+            node_name: "pi".into(),
+            node_ip: "192.0.2.1".into(),
+            ..Default::default()
+        };
+        let c = container_config(&p, &p.spec.as_ref().unwrap().containers[0], 2, &node).unwrap();
+        assert_eq!(c.command[2], "echo hi web web $(LITERAL) $(MISSING)");
+        let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
+        assert_eq!(env["NODE"], "pi");
+        assert_eq!(env["APP"], "web");
+        assert_eq!(env["MEM"], "64");
+        assert_eq!(c.log_path, "a/2.log");
+        assert_eq!(c.memory_limit, Some(64 << 20));
+        assert_eq!(c.termination_message_path, "/dev/termination-log");
+    }
+
+    #[test]
+    fn config_errors_like_upstream() {
+        let p = pod(&format!(
+            "{BASE}spec:\n  containers:\n  - name: a\n    image: x\n    env:\n    - {{name: K, valueFrom: {{configMapKeyRef: {{name: cm, key: k}}}}}}\n"
+        ));
+        let e = container_config(
+            &p,
+            &p.spec.as_ref().unwrap().containers[0],
+            0,
+            &NodeContext::default(),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("configmap \"cm\" not found"), "{e:?}");
+        let p = pod(&format!(
+            "{BASE}spec:\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: a\n    image: x\n    securityContext: {{runAsUser: 0}}\n"
+        ));
+        assert!(
+            container_config(
+                &p,
+                &p.spec.as_ref().unwrap().containers[0],
+                0,
+                &NodeContext::default()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn dns_and_hosts() {
+        let p = pod(&format!(
+            "{BASE}spec:\n  hostAliases: [{{ip: 10.1.2.3, hostnames: [db]}}]\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        let node = NodeContext {
+            node_name: "pi".into(),
+            node_ip: "192.0.2.1".into(),
+            cluster_dns: vec!["10.96.0.10".into()],
+            cluster_domain: "cluster.local".into(),
+            log_root: "/var/log/pods".into(),
+            ..Default::default()
+        };
+        let s = sandbox_config(&p, &node);
+        assert_eq!(s.hostname, "web");
+        assert!(s.resolv_conf.starts_with("nameserver 10.96.0.10\nsearch edge.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5"), "{}", s.resolv_conf);
+        assert!(s.hosts.contains("10.1.2.3\tdb") && s.hosts.contains("192.0.2.1\tweb"));
+        assert_eq!(s.log_directory, "/var/log/pods/edge_web_u-1");
+        assert_eq!(s.cgroup_parent, "kubepods/besteffort/podu-1");
+    }
+}

@@ -1,0 +1,233 @@
+//! The static pod source: manifests (YAML or JSON, one pod each) in
+//! `staticPodPath`, watched with inotify. Each snapshot carries every valid
+//! pod; an invalid file is reported and skipped, as upstream does.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::Pod;
+use rustix::fs::inotify;
+use sha2::Digest as _;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::SourceUpdate;
+
+/// Reads one manifest and makes it this node's static pod: name suffixed
+/// with the node name, UID derived from content and node (stable across
+/// restarts), `kubernetes.io/config.*` annotations as upstream sets them.
+pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let v: serde_json::Value =
+        serde_saphyr::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut pod: Pod = serde_json::from_value(v)
+        .map_err(|e| format!("{}: not a valid Pod: {e}", path.display()))?;
+    let name = pod
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("{}: metadata.name is required", path.display()))?;
+    let spec = pod
+        .spec
+        .as_mut()
+        .ok_or_else(|| format!("{}: spec is required", path.display()))?;
+    if spec.containers.is_empty() {
+        return Err(format!(
+            "{}: spec.containers: at least one container is required",
+            path.display()
+        ));
+    }
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
+        if c.image.as_deref().is_none_or(str::is_empty) {
+            return Err(format!(
+                "{}: container {:?}: image is required",
+                path.display(),
+                c.name
+            ));
+        }
+    }
+    spec.node_name = Some(node_name.into());
+    let mut h = sha2::Sha256::new();
+    h.update(&text);
+    h.update(node_name.as_bytes());
+    h.update(b"file");
+    let hex = hex::encode(h.finalize());
+    let uid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    pod.metadata.name = Some(format!("{name}-{node_name}"));
+    pod.metadata
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    pod.metadata.uid = Some(uid.clone());
+    let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    ann.insert("kubernetes.io/config.source".into(), "file".into());
+    ann.insert("kubernetes.io/config.hash".into(), uid);
+    Ok(pod)
+}
+
+fn scan(dir: &Path, node_name: &str) -> Vec<Pod> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    files.sort();
+    let mut pods = Vec::new();
+    for f in files {
+        let name = f
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        if name.starts_with('.')
+            || !(name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json"))
+        {
+            continue;
+        }
+        match load_manifest(&f, node_name) {
+            Ok(p) => pods.push(p),
+            Err(e) => warn!(error = %e, "invalid static pod manifest skipped"),
+        }
+    }
+    pods
+}
+
+/// Sends a snapshot now and after every change of `dir`.
+pub async fn watch(
+    dir: PathBuf,
+    node_name: String,
+    tx: mpsc::Sender<SourceUpdate>,
+    shutdown: CancellationToken,
+) {
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        warn!(dir = %dir.display(), error = %e, "cannot create the static pod dir");
+    }
+    let watch = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+        .and_then(|fd| {
+            use inotify::WatchFlags as W;
+            inotify::add_watch(
+                &fd,
+                &dir,
+                W::CLOSE_WRITE | W::MOVED_TO | W::MOVED_FROM | W::DELETE | W::CREATE,
+            )?;
+            Ok(fd)
+        });
+    let _ = tx
+        .send(SourceUpdate {
+            source: "file",
+            pods: scan(&dir, &node_name),
+        })
+        .await;
+    info!(dir = %dir.display(), "watching static pod manifests");
+    let fd = match watch {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "cannot watch the static pod dir; changes need a restart");
+            return;
+        }
+    };
+    // SAFETY: the OwnedFd moves into the AsyncFd and stays open with it.
+    let Ok(afd) = (unsafe { AsyncFd::register(fd) }) else {
+        return;
+    };
+    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
+    loop {
+        let mut guard = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            g = afd.readable() => match g { Ok(g) => g, Err(_) => return },
+        };
+        let mut relevant = false;
+        {
+            let mut reader = inotify::Reader::new(afd.get_ref(), &mut buf);
+            loop {
+                match reader.next() {
+                    Ok(ev) => {
+                        if ev
+                            .file_name()
+                            .is_some_and(|n| !n.to_bytes().starts_with(b"."))
+                        {
+                            relevant = true;
+                        }
+                    }
+                    Err(_) => {
+                        guard.clear_ready();
+                        break;
+                    }
+                }
+            }
+        }
+        if relevant {
+            let _ = tx
+                .send(SourceUpdate {
+                    source: "file",
+                    pods: scan(&dir, &node_name),
+                })
+                .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_pods_get_node_suffix_stable_uid_and_annotations() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("web.yaml");
+        std::fs::write(&f, "apiVersion: v1\nkind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: c, image: busybox}]}\n").unwrap();
+        let a = load_manifest(&f, "pi").unwrap();
+        let b = load_manifest(&f, "pi").unwrap();
+        assert_eq!(a.metadata.name.as_deref(), Some("web-pi"));
+        assert_eq!(a.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(a.metadata.uid, b.metadata.uid);
+        assert_ne!(
+            a.metadata.uid,
+            load_manifest(&f, "other").unwrap().metadata.uid
+        );
+        assert_eq!(
+            a.metadata.annotations.unwrap()["kubernetes.io/config.source"],
+            "file"
+        );
+        assert_eq!(a.spec.unwrap().node_name.as_deref(), Some("pi"));
+
+        for (body, want) in [
+            ("kind: Pod\nmetadata: {name: x}\n", "spec is required"),
+            (
+                "kind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n",
+                "at least one container",
+            ),
+            (
+                "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c}]}\n",
+                "image is required",
+            ),
+            (
+                "kind: Pod\nspec: {containers: [{name: c, image: i}]}\n",
+                "metadata.name is required",
+            ),
+            ("{{{", ""),
+        ] {
+            std::fs::write(&f, body).unwrap();
+            let e = load_manifest(&f, "pi").unwrap_err();
+            assert!(e.contains(want) && e.contains("web.yaml"), "{e}");
+        }
+        std::fs::write(d.path().join("ok.json"), r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#).unwrap();
+        let pods = scan(d.path(), "pi");
+        assert_eq!(
+            pods.len(),
+            1,
+            "the invalid file is skipped, the valid one kept"
+        );
+    }
+}

@@ -1,0 +1,336 @@
+//! The pod status as upstream computes it from container states: phase,
+//! conditions, container statuses with state and last state, restart
+//! counts and reasons.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState as KState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus as KStatus, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kinglet_runtime::{ContainerState, ContainerStatus};
+
+pub const CONTAINER_ID_PREFIX: &str = "kinglet-oci://";
+
+fn time(nanos: i64) -> Option<Time> {
+    (nanos > 0)
+        .then(|| Time(jiff::Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or_default()))
+}
+
+/// The attempts of each container, newest first.
+pub fn attempts<'a>(containers: &'a [ContainerStatus], name: &str) -> Vec<&'a ContainerStatus> {
+    let mut v: Vec<&ContainerStatus> = containers.iter().filter(|c| c.name == name).collect();
+    v.sort_by(|a, b| {
+        b.attempt
+            .cmp(&a.attempt)
+            .then(b.created_at.cmp(&a.created_at))
+    });
+    v
+}
+
+fn terminated(c: &ContainerStatus) -> KState {
+    KState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: c.exit_code,
+            reason: Some(c.reason.clone()).filter(|r| !r.is_empty()),
+            message: Some(c.message.clone()).filter(|m| !m.is_empty()),
+            started_at: time(c.started_at),
+            finished_at: time(c.finished_at),
+            container_id: Some(format!("{CONTAINER_ID_PREFIX}{}", c.id)),
+            signal: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Builds the status of one container spec.
+fn container_status(
+    name: &str,
+    image: &str,
+    all: &[ContainerStatus],
+    waiting: Option<&(String, String)>,
+) -> KStatus {
+    let tries = attempts(all, name);
+    let latest = tries.first();
+    let (state, last) = match latest {
+        None => (
+            KState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(waiting.map_or("ContainerCreating".into(), |w| w.0.clone())),
+                    message: waiting.map(|w| w.1.clone()).filter(|m| !m.is_empty()),
+                }),
+                ..Default::default()
+            },
+            None,
+        ),
+        Some(c) => {
+            let prev = tries.get(1).map(|p| terminated(p));
+            match c.state {
+                ContainerState::Running => (
+                    KState {
+                        running: Some(ContainerStateRunning {
+                            started_at: time(c.started_at),
+                        }),
+                        ..Default::default()
+                    },
+                    prev,
+                ),
+                ContainerState::Exited if waiting.is_some() => (
+                    KState {
+                        waiting: waiting.map(|w| ContainerStateWaiting {
+                            reason: Some(w.0.clone()),
+                            message: Some(w.1.clone()).filter(|m| !m.is_empty()),
+                        }),
+                        ..Default::default()
+                    },
+                    Some(terminated(c)),
+                ),
+                ContainerState::Exited => (terminated(c), prev),
+                _ => (
+                    KState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some(
+                                waiting.map_or("ContainerCreating".into(), |w| w.0.clone()),
+                            ),
+                            message: None,
+                        }),
+                        ..Default::default()
+                    },
+                    prev,
+                ),
+            }
+        }
+    };
+    let running = state.running.is_some();
+    KStatus {
+        name: name.into(),
+        image: latest.map_or(image.into(), |c| c.image.clone()),
+        image_id: latest.map_or(String::new(), |c| c.image_ref.clone()),
+        container_id: latest.map(|c| format!("{CONTAINER_ID_PREFIX}{}", c.id)),
+        restart_count: latest.map_or(0, |c| c.attempt as i32),
+        ready: running,
+        started: Some(running),
+        state: Some(state),
+        last_state: Some(last.unwrap_or_default()),
+        ..Default::default()
+    }
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: Option<String>,
+    message: Option<String>,
+    since: &Time,
+) -> PodCondition {
+    PodCondition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: if ok { None } else { reason },
+        message: if ok { None } else { message },
+        last_transition_time: Some(since.clone()),
+        ..Default::default()
+    }
+}
+
+/// The pod's status. `waiting` holds reasons the worker set for containers
+/// it could not start (image pull errors, back-off, config errors).
+pub fn pod_status(
+    pod: &Pod,
+    containers: &[ContainerStatus],
+    sandbox_ready: bool,
+    waiting: &BTreeMap<String, (String, String)>,
+    host_ip: &str,
+    start_time: &Time,
+) -> PodStatus {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let policy = spec
+        .restart_policy
+        .clone()
+        .unwrap_or_else(|| "Always".into());
+    let inits: Vec<KStatus> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| {
+            container_status(
+                &c.name,
+                c.image.as_deref().unwrap_or(""),
+                containers,
+                waiting.get(&c.name),
+            )
+        })
+        .collect();
+    let mut regular: Vec<KStatus> = spec
+        .containers
+        .iter()
+        .map(|c| {
+            container_status(
+                &c.name,
+                c.image.as_deref().unwrap_or(""),
+                containers,
+                waiting.get(&c.name),
+            )
+        })
+        .collect();
+
+    let init_done = |s: &KStatus| {
+        s.state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    };
+    // Sidecars (restartPolicy Always init containers) count once running.
+    let sidecar = |name: &str| {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+    };
+    let pending_inits: Vec<String> = inits
+        .iter()
+        .filter(|s| {
+            !(init_done(s)
+                || sidecar(&s.name) && s.state.as_ref().is_some_and(|st| st.running.is_some()))
+        })
+        .map(|s| s.name.clone())
+        .collect();
+    let init_failed_never = policy == "Never"
+        && inits.iter().any(|s| {
+            s.state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code != 0)
+        });
+    if !pending_inits.is_empty() {
+        for s in &mut regular {
+            if let Some(w) = s.state.as_mut().and_then(|st| st.waiting.as_mut())
+                && w.reason.as_deref() == Some("ContainerCreating")
+            {
+                w.reason = Some("PodInitializing".into());
+            }
+        }
+    }
+
+    let (mut running, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in &regular {
+        let st = s.state.clone().unwrap_or_default();
+        if st.running.is_some() {
+            running += 1;
+        } else if let Some(t) = st.terminated {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s
+            .last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
+        {
+            stopped += 1;
+        } else {
+            waiting_n += 1;
+        }
+    }
+    let phase = if init_failed_never {
+        "Failed"
+    } else if !pending_inits.is_empty() || waiting_n > 0 {
+        "Pending"
+    } else if running > 0 {
+        "Running"
+    } else if stopped > 0 {
+        match policy.as_str() {
+            "Always" => "Running",
+            _ if stopped == succeeded => "Succeeded",
+            "Never" => "Failed",
+            _ => "Running",
+        }
+    } else {
+        "Pending"
+    };
+
+    let not_ready: Vec<String> = regular
+        .iter()
+        .filter(|s| !s.ready)
+        .map(|s| s.name.clone())
+        .collect();
+    let completed = phase == "Succeeded" || phase == "Failed";
+    let ready_reason = if completed {
+        "PodCompleted"
+    } else {
+        "ContainersNotReady"
+    };
+    let msg = format!("containers with unready status: [{}]", not_ready.join(" "));
+    let since = start_time;
+    let conditions = vec![
+        condition(
+            "PodReadyToStartContainers",
+            sandbox_ready,
+            None,
+            None,
+            since,
+        ),
+        condition(
+            "Initialized",
+            pending_inits.is_empty() || completed && !init_failed_never,
+            Some(
+                if completed {
+                    "PodCompleted"
+                } else {
+                    "ContainersNotInitialized"
+                }
+                .into(),
+            ),
+            Some(format!(
+                "containers with incomplete status: [{}]",
+                pending_inits.join(" ")
+            )),
+            since,
+        ),
+        condition(
+            "Ready",
+            not_ready.is_empty() && !completed,
+            Some(ready_reason.into()),
+            Some(msg.clone()),
+            since,
+        ),
+        condition(
+            "ContainersReady",
+            not_ready.is_empty() && !completed,
+            Some(ready_reason.into()),
+            Some(msg),
+            since,
+        ),
+        condition("PodScheduled", true, None, None, since),
+    ];
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(conditions),
+        host_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
+        host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP {
+            ip: host_ip.into(),
+        }])
+        .filter(|_| !host_ip.is_empty()),
+        // Until CNI lands, pods share the host network.
+        pod_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
+        pod_ips: Some(vec![PodIP { ip: host_ip.into() }]).filter(|_| !host_ip.is_empty()),
+        start_time: Some(start_time.clone()),
+        init_container_statuses: (!inits.is_empty()).then_some(inits),
+        container_statuses: Some(regular),
+        qos_class: Some(super::convert::qos_class(pod).into()),
+        ..Default::default()
+    }
+}
+
+/// Compares two statuses ignoring condition transition times.
+pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
+    let strip = |s: &PodStatus| {
+        let mut s = s.clone();
+        for c in s.conditions.iter_mut().flatten() {
+            c.last_transition_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds, offline, an OCI archive of a busybox image from Debian's
+# busybox-static with umoci and skopeo (real tools, no registry):
+#   busybox.sh OUT.tar [NAME]   (NAME defaults to kinglet.test/busybox:1)
+set -euo pipefail
+out=${1:?usage: busybox.sh OUT.tar [NAME]}
+name=${2:-kinglet.test/busybox:1}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+umoci init --layout "$work/layout"
+umoci new --image "$work/layout:img"
+umoci unpack --image "$work/layout:img" "$work/bundle" >/dev/null
+mkdir -p "$work/bundle/rootfs/bin" "$work/bundle/rootfs/etc" "$work/bundle/rootfs/tmp"
+cp /bin/busybox "$work/bundle/rootfs/bin/busybox"
+for app in $(/bin/busybox --list); do
+  [ "$app" = busybox ] || ln -sf busybox "$work/bundle/rootfs/bin/$app"
+done
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$work/bundle/rootfs/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' > "$work/bundle/rootfs/etc/group"
+umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
+umoci config --image "$work/layout:img" --config.cmd /bin/sh --config.env PATH=/bin
+skopeo --insecure-policy copy --quiet "oci:$work/layout:img" "oci-archive:$out:$name"
+echo "$out"
