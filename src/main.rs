@@ -6,6 +6,7 @@
 
 mod backoff;
 mod config;
+mod demo;
 mod health;
 mod images;
 mod node;
@@ -38,6 +39,28 @@ fn main() -> ExitCode {
     }
     // One TLS provider for every client (the API and registries).
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(config::flags::Command::DemoApp) = &flags.command {
+        demo::app();
+    }
+    if let Some(config::flags::Command::Demo) = &flags.command {
+        match demo::prepare(&flags.root_dir) {
+            Ok(cfg) => {
+                eprintln!(
+                    "kinglet demo: static pod 'demo' from image {}; watch it with: {} --root-dir {} pods ls",
+                    demo::image_name(),
+                    std::env::args().next().unwrap_or_default(),
+                    flags.root_dir.display()
+                );
+                flags.config = Some(cfg);
+                flags.kubeconfig = None;
+                flags.command = None;
+            }
+            Err(e) => {
+                eprintln!("kinglet demo: {e:#}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     if let Some(config::flags::Command::Pods(config::flags::PodsCommand::Ls)) = &flags.command {
         print!("{}", pods::table(&flags.root_dir.join("pods")));
         return ExitCode::SUCCESS;

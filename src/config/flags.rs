@@ -45,6 +45,12 @@ pub enum Command {
     /// List the pods this node runs (works while the agent runs or not).
     #[command(subcommand)]
     Pods(PodsCommand),
+    /// Run the demo: a static pod from an image kinglet makes of itself,
+    /// standalone and offline.
+    Demo,
+    /// The program inside the demo image.
+    #[command(hide = true)]
+    DemoApp,
     /// The container monitor (started by kinglet itself).
     #[command(hide = true)]
     Monitor {

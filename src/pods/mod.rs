@@ -106,7 +106,14 @@ impl PodManager {
                                 info!(pod = %worker::pod_name(pod), uid = %uid, "pod added");
                                 let (stx, srx) = watch::channel(Some(pod.clone()));
                                 let (ctx, crx) = watch::channel(by_pod.get(uid).cloned().unwrap_or_default());
-                                let w = Worker::new(uid.clone(), self.runtime.clone(), self.node.clone(), report_tx.clone());
+                                let mut w = Worker::new(uid.clone(), self.runtime.clone(), self.node.clone(), report_tx.clone());
+                                // A pod adopted after a restart keeps its start time.
+                                let prev: Option<PodRecord> = std::fs::read(self.status_dir.join(format!("{uid}.json")))
+                                    .ok()
+                                    .and_then(|b| serde_json::from_slice(&b).ok());
+                                if let Some(t) = prev.and_then(|r| r.status.start_time) {
+                                    w.set_start_time(t);
+                                }
                                 tokio::spawn(w.run(srx, crx, shutdown.clone()));
                                 workers.insert(uid.clone(), WorkerHandle { spec: stx, containers: ctx });
                             }

@@ -90,6 +90,10 @@ impl Worker {
         }
     }
 
+    pub fn set_start_time(&mut self, t: Time) {
+        self.start_time = t;
+    }
+
     async fn event(&self, pod: &Pod, type_: &'static str, reason: &str, message: String) {
         info!(pod = %pod_name(pod), reason, "{message}");
         let _ = self
