@@ -217,6 +217,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
             cluster_domain: cfg.cluster_domain.clone(),
             pod_pids_limit: cfg.pod_pids_limit,
             log_root: s.pod_log_dir.display().to_string(),
+            volume_root: s.root_dir.join("volumes").display().to_string(),
         },
         status_dir: s.root_dir.join("pods"),
         sources,

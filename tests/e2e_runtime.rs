@@ -103,6 +103,14 @@ fn cgroup_exists(id: &str) -> bool {
 async fn monitor_runs_logs_reaps_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();
     let mon = dir.path().join("monitor");
+    // Whatever happens, the monitor and its containers go at the end.
+    struct Guard(PathBuf);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            common::monitor_cleanup(&self.0.join("monitor.sock"));
+        }
+    }
+    let _guard = Guard(mon.clone());
     let c = Client::new(&mon);
     c.ensure_running(Path::new(env!("CARGO_BIN_EXE_kinglet")), &mon)
         .await

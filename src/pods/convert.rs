@@ -21,6 +21,8 @@ pub struct NodeContext {
     pub cluster_domain: String,
     pub pod_pids_limit: i64,
     pub log_root: String,
+    /// Where emptyDir volumes live: `<volume_root>/<pod uid>/<volume>`.
+    pub volume_root: String,
 }
 
 /// `Guaranteed`, `Burstable` or `BestEffort`, by upstream's rules.
@@ -273,6 +275,99 @@ fn field_ref(pod: &Pod, path: &str, node: &NodeContext) -> Option<String> {
     })
 }
 
+/// The host directory of each volume of the pod (emptyDir and hostPath;
+/// other kinds need the API server and are refused here).
+pub fn volume_paths(
+    pod: &Pod,
+    node: &NodeContext,
+) -> Result<BTreeMap<String, (String, Option<String>)>, ConfigError> {
+    let mut out = BTreeMap::new();
+    for v in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default()
+    {
+        if v.empty_dir.is_some() {
+            let dir = format!(
+                "{}/{}/{}",
+                node.volume_root.trim_end_matches('/'),
+                pod_uid(pod),
+                v.name
+            );
+            out.insert(v.name.clone(), (dir, Some("DirectoryOrCreate".into())));
+        } else if let Some(h) = &v.host_path {
+            out.insert(v.name.clone(), (h.path.clone(), h.type_.clone()));
+        } else {
+            return Err(ConfigError(format!(
+                "volume {:?}: only emptyDir and hostPath volumes are supported",
+                v.name
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Prepares the volumes of a pod on the host (creating emptyDirs and
+/// `DirectoryOrCreate` hostPaths, checking typed hostPaths).
+pub fn prepare_volumes(pod: &Pod, node: &NodeContext) -> Result<(), ConfigError> {
+    for (name, (path, kind)) in volume_paths(pod, node)? {
+        let p = std::path::Path::new(&path);
+        match kind.as_deref().unwrap_or("") {
+            "DirectoryOrCreate" => std::fs::create_dir_all(p)
+                .map_err(|e| ConfigError(format!("volume {name:?}: {path}: {e}")))?,
+            "Directory" if !p.is_dir() => {
+                return Err(ConfigError(format!(
+                    "volume {name:?}: hostPath type check failed: {path} is not a directory"
+                )));
+            }
+            "File" if !p.is_file() => {
+                return Err(ConfigError(format!(
+                    "volume {name:?}: hostPath type check failed: {path} is not a file"
+                )));
+            }
+            "FileOrCreate" if !p.exists() => {
+                std::fs::write(p, b"")
+                    .map_err(|e| ConfigError(format!("volume {name:?}: {path}: {e}")))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn volume_mounts(
+    pod: &Pod,
+    c: &Container,
+    node: &NodeContext,
+) -> Result<Vec<kinglet_runtime::Mount>, ConfigError> {
+    let paths = volume_paths(pod, node)?;
+    let mut out = Vec::new();
+    for m in c.volume_mounts.iter().flatten() {
+        let (path, _) = paths.get(&m.name).ok_or_else(|| {
+            ConfigError(format!("volumeMount {:?}: no volume of that name", m.name))
+        })?;
+        let mut host = path.clone();
+        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+            if sub.split('/').any(|c| c == "..") || sub.starts_with('/') {
+                return Err(ConfigError(format!(
+                    "volumeMount {:?}: subPath {sub:?} must be a relative path without '..'",
+                    m.name
+                )));
+            }
+            host = format!("{host}/{sub}");
+            std::fs::create_dir_all(&host)
+                .map_err(|e| ConfigError(format!("subPath {host}: {e}")))?;
+        }
+        out.push(kinglet_runtime::Mount {
+            host_path: host,
+            container_path: m.mount_path.clone(),
+            readonly: m.read_only.unwrap_or(false),
+        });
+    }
+    Ok(out)
+}
+
 /// The runtime's container config for `c`, restart number `attempt`.
 pub fn container_config(
     pod: &Pod,
@@ -388,7 +483,7 @@ pub fn container_config(
         gid,
         supplemental_groups: groups,
         log_path: format!("{}/{attempt}.log", c.name),
-        mounts: Vec::new(),
+        mounts: volume_mounts(pod, c, node)?,
         memory_limit,
         cpu_shares: Some(cpu_request.map_or(2, |m| ((m * 1024) / 1000).max(2) as u64)),
         cpu_quota: cpu_limit.map(|m| (m * 100) as i64),

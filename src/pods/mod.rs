@@ -220,6 +220,13 @@ impl PodManager {
                 let _ = self.runtime.remove_pod_sandbox(&s.id).await;
             }
         }
+        if let Ok(rd) = std::fs::read_dir(&self.node.volume_root) {
+            for e in rd.flatten() {
+                if !desired.contains(&*e.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         if let Ok(rd) = std::fs::read_dir(&self.status_dir) {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();

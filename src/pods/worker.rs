@@ -204,6 +204,9 @@ impl Worker {
                 warn!(pod = %pod_name(pod), error = %e, "removing sandbox failed");
             }
         }
+        // emptyDir volumes go with the pod.
+        let _ =
+            std::fs::remove_dir_all(std::path::Path::new(&self.node.volume_root).join(&self.uid));
     }
 
     /// Ensures the image per pull policy; `Err` is the waiting reason.
@@ -461,6 +464,15 @@ impl Worker {
                 .into_iter()
                 .find(|s| s.pod_uid == self.uid)
                 .map(|s| s.id);
+        }
+        if let Err(e) = convert::prepare_volumes(pod, &self.node) {
+            self.event(pod, "Warning", "FailedMount", e.0.clone()).await;
+            for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+                self.waiting
+                    .insert(c.name.clone(), ("ContainerCreating".into(), e.0.clone()));
+            }
+            self.report(pod, current, false).await;
+            return Some(Duration::from_secs(5));
         }
         let sandbox_id = match &self.sandbox {
             Some(id) => id.clone(),

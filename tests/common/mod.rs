@@ -292,3 +292,25 @@ pub async fn wait_ready(nodes: &Api<Node>, name: &str, timeout: Duration) -> Nod
     })
     .await
 }
+
+/// One request to a container monitor, synchronously (for cleanup in Drop).
+pub fn monitor_call(sock: &Path, req: &str) -> Option<serde_json::Value> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("{req}\n").as_bytes()).ok()?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).ok()?;
+    serde_json::from_str(&line).ok()
+}
+
+/// Deletes every container a monitor knows, then stops it.
+pub fn monitor_cleanup(sock: &Path) {
+    if let Some(list) = monitor_call(sock, r#"{"op":"list"}"#) {
+        for r in list["records"].as_array().cloned().unwrap_or_default() {
+            let id = r["id"].as_str().unwrap_or_default();
+            monitor_call(sock, &format!(r#"{{"op":"delete","id":"{id}"}}"#));
+        }
+        monitor_call(sock, r#"{"op":"exit"}"#);
+    }
+}

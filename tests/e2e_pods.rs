@@ -1,0 +1,503 @@
+//! End to end: pods through the in-process runtime (libcontainer via the
+//! monitor), in standalone mode with static pods: restart policies,
+//! init containers and sidecars, OOM kills, graceful termination,
+//! re-adoption after kill -9 of kinglet, and nothing left behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::Kinglet;
+use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
+use serde::Deserialize;
+
+/// The busybox image archive, built once per test binary.
+fn busybox_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| {
+        let out = std::env::temp_dir().join(format!("kinglet-busybox-{}.tar", std::process::id()));
+        let st = Command::new(common::repo().join("tests/images/busybox.sh"))
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        out
+    })
+}
+
+#[derive(Deserialize)]
+struct PodRecord {
+    name: String,
+    uid: String,
+    status: PodStatus,
+}
+
+struct Node {
+    k: Kinglet,
+    manifests: PathBuf,
+    logs: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Node {
+    /// Stops kinglet, then removes every container, mount, cgroup and the
+    /// monitor this node left, so tests leave the machine as they found it.
+    fn drop(&mut self) {
+        let root = self.root();
+        if let Some(pid) = self.k.alive().then(|| self.k.pid()) {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        common::monitor_cleanup(&root.join("runtime/oci/monitor/monitor.sock"));
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for m in mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(root.to_str().unwrap()))
+        {
+            let _ = Command::new("umount").args(["-l", m]).status();
+        }
+        if let Ok(rd) = std::fs::read_dir(root.join("runtime/oci/sandboxes")) {
+            for e in rd.flatten() {
+                let meta: serde_json::Value = std::fs::read(e.path().join("meta.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default();
+                if let Some(parent) = meta["cgroup_parent"].as_str() {
+                    for base in std::fs::read_dir("/sys/fs/cgroup")
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        let _ = std::fs::remove_dir(base.path().join(parent));
+                    }
+                    let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent));
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    fn start() -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let manifests = dir.path().join("manifests");
+        let logs = dir.path().join("logs");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let k = Kinglet::standalone(
+            &common::unique_name("kl-pods"),
+            &format!("staticPodPath: {}\n", manifests.display()),
+            &["--pod-log-dir", logs.to_str().unwrap()],
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+            .arg("--root-dir")
+            .arg(k.dir.path().join("root"))
+            .args(["images", "import"])
+            .arg(busybox_archive())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Node {
+            k,
+            manifests,
+            logs,
+            _dir: dir,
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.k.dir.path().join("root")
+    }
+
+    fn apply(&self, name: &str, spec: &str) {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(
+            &tmp,
+            format!("apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{spec}"),
+        )
+        .unwrap();
+        std::fs::rename(&tmp, self.manifests.join(format!("{name}.yaml"))).unwrap();
+    }
+
+    fn delete(&self, name: &str) {
+        std::fs::remove_file(self.manifests.join(format!("{name}.yaml"))).unwrap();
+    }
+
+    fn record(&self, name: &str) -> Option<PodRecord> {
+        let full = format!("{name}-{}", self.k.name);
+        std::fs::read_dir(self.root().join("pods"))
+            .ok()?
+            .flatten()
+            .find_map(|e| {
+                let r: PodRecord = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+                (r.name == full).then_some(r)
+            })
+    }
+
+    async fn wait(
+        &self,
+        name: &str,
+        what: &str,
+        secs: u64,
+        f: impl Fn(&PodStatus) -> bool,
+    ) -> PodRecord {
+        common::wait_for(
+            &format!("{name}: {what}"),
+            Duration::from_secs(secs),
+            || async { self.record(name).filter(|r| f(&r.status)) },
+        )
+        .await
+    }
+}
+
+fn container<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
+    s.container_statuses
+        .iter()
+        .flatten()
+        .chain(s.init_container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+        .unwrap()
+}
+
+fn phase(s: &PodStatus) -> &str {
+    s.phase.as_deref().unwrap_or("")
+}
+
+const BB: &str = "kinglet.test/busybox:1";
+
+#[tokio::test]
+async fn restart_policies_behave_like_upstream() {
+    let n = Node::start();
+    n.apply("always", &format!("  restartPolicy: Always\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo run; exit 1']}}\n"));
+    n.apply(
+        "onfailure",
+        &format!("  restartPolicy: OnFailure\n  volumes: [{{name: data, emptyDir: {{}}}}]\n  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    command: [sh, -c, 'if [ -f /data/ran ]; then exit 0; fi; touch /data/ran; exit 1']\n    volumeMounts: [{{name: data, mountPath: /data}}]\n"),
+    );
+    n.apply("never", &format!("  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'exit 3']}}\n"));
+
+    let r = n
+        .wait("never", "Failed", 20, |s| phase(s) == "Failed")
+        .await;
+    let c = container(&r.status, "c");
+    let t = c.state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(
+        (t.exit_code, t.reason.as_deref(), c.restart_count),
+        (3, Some("Error"), 0)
+    );
+
+    let r = n
+        .wait("onfailure", "Succeeded", 20, |s| phase(s) == "Succeeded")
+        .await;
+    assert_eq!(container(&r.status, "c").restart_count, 1);
+
+    // Always: restarted right away once, then CrashLoopBackOff (10 s).
+    let r = n
+        .wait("always", "CrashLoopBackOff", 20, |s| {
+            container(s, "c")
+                .state
+                .as_ref()
+                .and_then(|st| st.waiting.as_ref())
+                .and_then(|w| w.reason.as_deref())
+                == Some("CrashLoopBackOff")
+        })
+        .await;
+    assert_eq!(phase(&r.status), "Running");
+    let c = container(&r.status, "c");
+    assert!(c.restart_count >= 1);
+    assert_eq!(
+        c.last_state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        1
+    );
+    let msg = c
+        .state
+        .as_ref()
+        .unwrap()
+        .waiting
+        .as_ref()
+        .unwrap()
+        .message
+        .clone()
+        .unwrap();
+    assert!(
+        msg.starts_with("back-off 10s restarting failed container=c pod=always-"),
+        "{msg}"
+    );
+    let before = c.restart_count;
+    let t0 = Instant::now();
+    n.wait("always", "restart after back-off", 30, |s| {
+        container(s, "c").restart_count > before
+    })
+    .await;
+    eprintln!(
+        "figure: CrashLoopBackOff restart after {:?} (back-off 10s)",
+        t0.elapsed()
+    );
+    // Logs: one file per attempt, CRI format.
+    let dir = n
+        .logs
+        .join(format!("default_always-{}_{}/c", n.k.name, r.uid));
+    let zero = std::fs::read_to_string(dir.join("0.log")).unwrap();
+    assert!(zero.contains(" stdout F run"), "{zero}");
+    assert!(dir.join("1.log").exists());
+}
+
+#[tokio::test]
+async fn init_containers_run_in_order_then_sidecar_and_main() {
+    let n = Node::start();
+    n.apply(
+        "init",
+        &format!(
+            "  volumes: [{{name: w, emptyDir: {{}}}}]\n  initContainers:\n  - {{name: one, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo one >> /w/order'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  - {{name: two, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo two >> /w/order'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  - {{name: side, image: {BB}, imagePullPolicy: Never, restartPolicy: Always, command: [sh, -c, 'echo side >> /w/order; sleep 1000'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n  containers:\n  - {{name: main, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'cat /w/order; sleep 1000'], volumeMounts: [{{name: w, mountPath: /w}}]}}\n"
+        ),
+    );
+    let r = n
+        .wait("init", "Running", 30, |s| {
+            phase(s) == "Running" && container(s, "main").ready
+        })
+        .await;
+    let init = r
+        .status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Initialized")
+        .unwrap();
+    assert_eq!(init.status, "True");
+    assert!(
+        container(&r.status, "side")
+            .state
+            .as_ref()
+            .unwrap()
+            .running
+            .is_some()
+    );
+    let log = n
+        .logs
+        .join(format!("default_init-{}_{}/main/0.log", n.k.name, r.uid));
+    common::wait_for("main's log", Duration::from_secs(10), || async {
+        let t = std::fs::read_to_string(&log).ok()?;
+        (t.lines().count() >= 3).then_some(())
+    })
+    .await;
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.splitn(4, ' ').nth(3).unwrap().to_string())
+        .collect();
+    assert_eq!(lines, ["one", "two", "side"]);
+}
+
+#[tokio::test]
+async fn a_memory_hog_is_oom_killed() {
+    let n = Node::start();
+    n.apply(
+        "hog",
+        &format!("  restartPolicy: Never\n  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    command: [sh, -c, 'x=$(head -c 67108864 /dev/zero | tr \"\\\\0\" a)']\n    resources: {{limits: {{memory: 16Mi}}}}\n"),
+    );
+    let r = n.wait("hog", "Failed", 30, |s| phase(s) == "Failed").await;
+    let t = container(&r.status, "c")
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (137, Some("OOMKilled")));
+}
+
+fn pod_leftovers(root: &Path, uid: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for d in ["runtime/oci/containers", "runtime/oci/sandboxes"] {
+        if let Ok(rd) = std::fs::read_dir(root.join(d)) {
+            left.extend(
+                rd.flatten()
+                    .map(|e| format!("{d}/{}", e.file_name().to_string_lossy())),
+            );
+        }
+    }
+    if root.join("volumes").join(uid).exists() {
+        left.push(format!("volumes/{uid}"));
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    left.extend(
+        mounts
+            .lines()
+            .filter(|l| l.contains(root.to_str().unwrap()))
+            .map(|l| l.to_string()),
+    );
+    for base in [
+        "/sys/fs/cgroup",
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/cpu",
+    ] {
+        for q in ["besteffort/", "burstable/", ""] {
+            let p = Path::new(base).join(format!("kubepods/{q}pod{uid}"));
+            if p.exists() {
+                left.push(p.display().to_string());
+            }
+        }
+    }
+    left
+}
+
+#[tokio::test]
+async fn graceful_termination_and_nothing_left_behind() {
+    let n = Node::start();
+    n.apply(
+        "graceful",
+        &format!("  terminationGracePeriodSeconds: 30\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'trap \"echo got TERM; exit 0\" TERM; while true; do sleep 0.2; done']}}\n"),
+    );
+    n.apply(
+        "stubborn",
+        &format!("  terminationGracePeriodSeconds: 2\n  volumes: [{{name: v, emptyDir: {{}}}}]\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'sleep 4242'], volumeMounts: [{{name: v, mountPath: /v}}]}}\n"),
+    );
+    let g = n
+        .wait("graceful", "Running", 20, |s| phase(s) == "Running")
+        .await;
+    let s = n
+        .wait("stubborn", "Running", 20, |s| phase(s) == "Running")
+        .await;
+    let t0 = Instant::now();
+    n.delete("graceful");
+    n.delete("stubborn");
+    common::wait_for("pods gone", Duration::from_secs(20), || async {
+        (n.record("graceful").is_none() && n.record("stubborn").is_none()).then_some(())
+    })
+    .await;
+    let took = t0.elapsed();
+    eprintln!(
+        "figure: deletion with a 2 s grace period for a process ignoring SIGTERM took {took:?}"
+    );
+    assert!(
+        took >= Duration::from_secs(2),
+        "grace period not honoured: {took:?}"
+    );
+    let log = std::fs::read_to_string(
+        n.logs
+            .join(format!("default_graceful-{}_{}/c/0.log", n.k.name, g.uid)),
+    )
+    .unwrap();
+    assert!(log.contains("got TERM"), "{log}");
+    for uid in [&g.uid, &s.uid] {
+        let left = pod_leftovers(&n.root(), uid);
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+    let left = Command::new("pgrep")
+        .args(["-f", "sleep 4242"])
+        .output()
+        .unwrap()
+        .stdout;
+    assert!(
+        left.is_empty(),
+        "processes left: {}",
+        String::from_utf8_lossy(&left)
+    );
+}
+
+#[tokio::test]
+async fn kill_9_of_kinglet_keeps_containers_and_readopts_them() {
+    let mut n = Node::start();
+    n.apply("keep", &format!("  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.5; done']}}\n"));
+    let r = n
+        .wait("keep", "Running", 20, |s| phase(s) == "Running")
+        .await;
+    let id = container(&r.status, "c").container_id.clone().unwrap();
+    let started = container(&r.status, "c")
+        .state
+        .clone()
+        .unwrap()
+        .running
+        .unwrap()
+        .started_at;
+
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(n.k.pid() as i32, libc::SIGKILL) };
+    let _ = n.k.terminate(Duration::from_secs(5));
+    let log = n
+        .logs
+        .join(format!("default_keep-{}_{}/c/0.log", n.k.name, r.uid));
+    let before = std::fs::read_to_string(&log).unwrap().lines().count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = std::fs::read_to_string(&log).unwrap().lines().count();
+    assert!(
+        after > before,
+        "the container stopped logging while kinglet was dead"
+    );
+
+    n.k.spawn();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let r2 = n
+        .wait("keep", "Running again", 20, |s| phase(s) == "Running")
+        .await;
+    let c = container(&r2.status, "c");
+    assert_eq!(
+        c.container_id.as_deref(),
+        Some(id.as_str()),
+        "the container was restarted"
+    );
+    assert_eq!(c.restart_count, 0);
+    assert_eq!(
+        c.state.clone().unwrap().running.unwrap().started_at,
+        started
+    );
+    n.delete("keep");
+    common::wait_for("pod gone", Duration::from_secs(40), || async {
+        n.record("keep").is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_pods_get_upstream_reasons() {
+    let mut n = Node::start();
+    n.apply(
+        "neverpull",
+        "  containers:\n  - {name: c, image: 'kinglet.test/absent:1', imagePullPolicy: Never}\n",
+    );
+    n.apply(
+        "badname",
+        "  containers:\n  - {name: c, image: 'UPPER/Case:x'}\n",
+    );
+    n.apply("cfgerr", &format!("  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    env: [{{name: K, valueFrom: {{secretKeyRef: {{name: s, key: k}}}}}}]\n"));
+    std::fs::write(
+        n.manifests.join("broken.yaml"),
+        "kind: Pod\nspec: [not, a, mapping]\n",
+    )
+    .unwrap();
+    for (pod, reason) in [
+        ("neverpull", "ErrImageNeverPull"),
+        ("badname", "InvalidImageName"),
+        ("cfgerr", "CreateContainerConfigError"),
+    ] {
+        let r = n
+            .wait(pod, reason, 20, |s| {
+                container(s, "c")
+                    .state
+                    .as_ref()
+                    .and_then(|st| st.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    == Some(reason)
+            })
+            .await;
+        assert_eq!(phase(&r.status), "Pending");
+    }
+    assert!(
+        n.k.log().contains("broken.yaml"),
+        "invalid manifest not reported:\n{}",
+        n.k.log()
+    );
+    assert!(n.k.alive());
+}
