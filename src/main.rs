@@ -188,9 +188,41 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     }
     let runtime: Arc<dyn Runtime> = Arc::new(oci);
 
-    // Pods: static manifests now; the API source joins when connected.
+    let client = match &s.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
+            Some(
+                kube::Client::try_from(client_cfg).with_context(|| {
+                    format!("cannot build an API client from {}", path.display())
+                })?,
+            )
+        }
+        None => None,
+    };
+
+    // Pods: static manifests and, when connected, the API server.
     let (pod_tx, pod_rx) = tokio::sync::mpsc::channel(16);
     let mut sources = Vec::new();
+    let mut sink: Option<Arc<dyn pods::StatusSink>> = None;
+    if let Some(client) = &client {
+        sources.push("api");
+        std::fs::create_dir_all(s.root_dir.join("pods"))?;
+        tasks.push(tokio::spawn(pods::api::watch(
+            client.clone(),
+            s.node_name.clone(),
+            s.root_dir.join("pods/api-checkpoint.json"),
+            pod_tx.clone(),
+            shutdown.clone(),
+        )));
+        let (api_sink, task) =
+            pods::api::status_manager(client.clone(), s.node_name.clone(), shutdown.clone());
+        tasks.push(task);
+        sink = Some(Arc::new(api_sink));
+    }
     if !cfg.static_pod_path.is_empty() {
         sources.push("file");
         tasks.push(tokio::spawn(pods::file::watch(
@@ -221,7 +253,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         },
         status_dir: s.root_dir.join("pods"),
         sources,
-        sink: None,
+        sink,
     };
     tasks.push(tokio::spawn(manager.run(pod_rx, shutdown.clone())));
     drop(pod_tx);
@@ -257,15 +289,8 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         )));
     }
 
-    match &s.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
-            let client = kube::Client::try_from(client_cfg)
-                .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+    match client {
+        Some(client) => {
             let host = node::host::HostPaths::default();
             let agent = node::NodeAgent {
                 client,

@@ -7,26 +7,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use common::Kinglet;
 use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
 use serde::Deserialize;
-
-/// The busybox image archive, built once per test binary.
-fn busybox_archive() -> &'static Path {
-    static A: OnceLock<PathBuf> = OnceLock::new();
-    A.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("kinglet-busybox-{}.tar", std::process::id()));
-        let st = Command::new(common::repo().join("tests/images/busybox.sh"))
-            .arg(&out)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        out
-    })
-}
 
 #[derive(Deserialize)]
 struct PodRecord {
@@ -43,41 +28,12 @@ struct Node {
 }
 
 impl Drop for Node {
-    /// Stops kinglet, then removes every container, mount, cgroup and the
-    /// monitor this node left, so tests leave the machine as they found it.
     fn drop(&mut self) {
-        let root = self.root();
         if let Some(pid) = self.k.alive().then(|| self.k.pid()) {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
-        common::monitor_cleanup(&root.join("runtime/oci/monitor/monitor.sock"));
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        for m in mounts
-            .lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .filter(|m| m.starts_with(root.to_str().unwrap()))
-        {
-            let _ = Command::new("umount").args(["-l", m]).status();
-        }
-        if let Ok(rd) = std::fs::read_dir(root.join("runtime/oci/sandboxes")) {
-            for e in rd.flatten() {
-                let meta: serde_json::Value = std::fs::read(e.path().join("meta.json"))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or_default();
-                if let Some(parent) = meta["cgroup_parent"].as_str() {
-                    for base in std::fs::read_dir("/sys/fs/cgroup")
-                        .into_iter()
-                        .flatten()
-                        .flatten()
-                    {
-                        let _ = std::fs::remove_dir(base.path().join(parent));
-                    }
-                    let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent));
-                }
-            }
-        }
+        common::pods::cleanup_root(&self.root());
     }
 }
 
@@ -92,18 +48,7 @@ impl Node {
             &format!("staticPodPath: {}\n", manifests.display()),
             &["--pod-log-dir", logs.to_str().unwrap()],
         );
-        let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
-            .arg("--root-dir")
-            .arg(k.dir.path().join("root"))
-            .args(["images", "import"])
-            .arg(busybox_archive())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::pods::import_busybox(&k.dir.path().join("root"));
         Node {
             k,
             manifests,

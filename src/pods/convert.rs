@@ -288,7 +288,10 @@ pub fn volume_paths(
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default()
     {
-        if v.empty_dir.is_some() {
+        // A projected volume (the automatic kube-api-access service account
+        // token) is mounted empty until token projection lands; the worker
+        // reports it with a warning event.
+        if v.empty_dir.is_some() || v.projected.is_some() {
             let dir = format!(
                 "{}/{}/{}",
                 node.volume_root.trim_end_matches('/'),
@@ -300,7 +303,7 @@ pub fn volume_paths(
             out.insert(v.name.clone(), (h.path.clone(), h.type_.clone()));
         } else {
             return Err(ConfigError(format!(
-                "volume {:?}: only emptyDir and hostPath volumes are supported",
+                "volume {:?}: only emptyDir, hostPath and (empty) projected volumes are supported",
                 v.name
             )));
         }

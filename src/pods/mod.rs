@@ -7,6 +7,7 @@
 //! has reported once (upstream's `SourcesReady`), so a restart re-adopts
 //! running pods instead of killing them.
 
+pub mod api;
 pub mod convert;
 pub mod file;
 pub mod status;
@@ -231,6 +232,7 @@ impl PodManager {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(uid) = name.strip_suffix(".json")
+                    && !name.starts_with("api-")
                     && !desired.contains(uid)
                 {
                     let _ = std::fs::remove_file(e.path());
@@ -246,7 +248,10 @@ pub fn table(dir: &Path) -> String {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter(|e| {
+            e.path().extension().is_some_and(|x| x == "json")
+                && !e.file_name().to_string_lossy().starts_with("api-")
+        })
         .filter_map(|e| serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok())
         .collect();
     recs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

@@ -479,6 +479,18 @@ impl Worker {
             None => match self.runtime.run_pod_sandbox(&sb).await {
                 Ok(id) => {
                     self.sandbox = Some(id.clone());
+                    for v in pod
+                        .spec
+                        .iter()
+                        .flat_map(|s| s.volumes.iter().flatten())
+                        .filter(|v| v.projected.is_some())
+                    {
+                        let msg = format!(
+                            "projected volume {:?} is mounted empty: service account token projection is not supported yet",
+                            v.name
+                        );
+                        self.event(pod, "Warning", "FailedMount", msg).await;
+                    }
                     id
                 }
                 Err(e) => {

@@ -89,4 +89,6 @@ start kube-scheduler --kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig
   --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false --v 1
 wait_for kube-controller-manager curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
 wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+# Pods can only be created once the default service account exists.
+wait_for "default service account" kubectl --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" -n default get serviceaccount default
 echo "$CLUSTER_DIR/admin.kubeconfig"

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod oci;
+pub mod pods;
 pub mod registry;
 
 use std::io::Read;
@@ -46,6 +47,14 @@ fn run_script(script: &str, args: &[&str]) -> String {
 pub fn cluster() -> &'static Path {
     static ADMIN: OnceLock<PathBuf> = OnceLock::new();
     ADMIN.get_or_init(|| PathBuf::from(run_script("up.sh", &[])))
+}
+
+/// The API server's port on loopback.
+pub fn cluster_port() -> u16 {
+    std::env::var("KINGLET_APISERVER_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(16443)
 }
 
 /// Restarts whatever control-plane component is not running.
@@ -119,6 +128,8 @@ pub struct Kinglet {
     pub config: PathBuf,
     /// Joined to the test cluster (else standalone).
     pub joined: bool,
+    /// A kubeconfig to use instead of the node's own.
+    pub kubeconfig_override: Option<PathBuf>,
     pub extra_args: Vec<String>,
     child: Option<Child>,
 }
@@ -138,7 +149,27 @@ impl Kinglet {
         Self::start_with(name, extra_config, false, extra_args)
     }
 
+    /// Joins the cluster after `prep` ran on the (empty) root dir.
+    pub fn start_with_root_prep(
+        name: &str,
+        extra_config: &str,
+        extra_args: &[&str],
+        prep: fn(&Path),
+    ) -> Self {
+        Self::start_inner(name, extra_config, true, extra_args, Some(prep))
+    }
+
     fn start_with(name: &str, extra_config: &str, joined: bool, extra_args: &[&str]) -> Self {
+        Self::start_inner(name, extra_config, joined, extra_args, None)
+    }
+
+    fn start_inner(
+        name: &str,
+        extra_config: &str,
+        joined: bool,
+        extra_args: &[&str],
+        prep: Option<fn(&Path)>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let healthz_port = free_port();
         let config = dir.path().join("config.yaml");
@@ -155,9 +186,13 @@ impl Kinglet {
             healthz_port,
             config,
             joined,
+            kubeconfig_override: None,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
+        if let Some(prep) = prep {
+            prep(&k.dir.path().join("root"));
+        }
         k.spawn();
         k
     }
@@ -172,7 +207,10 @@ impl Kinglet {
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kinglet"));
         if self.joined {
-            cmd.arg("--kubeconfig").arg(node_kubeconfig(&self.name));
+            match &self.kubeconfig_override {
+                Some(k) => cmd.arg("--kubeconfig").arg(k),
+                None => cmd.arg("--kubeconfig").arg(node_kubeconfig(&self.name)),
+            };
         }
         let child = cmd
             .arg("--config")

@@ -1,0 +1,71 @@
+//! Pod test helpers: the busybox image (built offline with umoci and
+//! skopeo from Debian's busybox-static) and the cleanup that leaves the
+//! machine as a node's tests found it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The busybox image archive (`kinglet.test/busybox:1`), built once per
+/// test binary.
+pub fn busybox_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| {
+        let out = std::env::temp_dir().join(format!("kinglet-busybox-{}.tar", std::process::id()));
+        let st = Command::new(super::repo().join("tests/images/busybox.sh"))
+            .arg(&out)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        out
+    })
+}
+
+/// Imports the busybox image into the store under `root`.
+pub fn import_busybox(root: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+        .arg("--root-dir")
+        .arg(root)
+        .args(["images", "import"])
+        .arg(busybox_archive())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Removes every container, mount, pod cgroup and the monitor that a
+/// (stopped) kinglet with this root dir left.
+pub fn cleanup_root(root: &Path) {
+    super::monitor_cleanup(&root.join("runtime/oci/monitor/monitor.sock"));
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for m in mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(root.to_str().unwrap()))
+    {
+        let _ = Command::new("umount").args(["-l", m]).status();
+    }
+    if let Ok(rd) = std::fs::read_dir(root.join("runtime/oci/sandboxes")) {
+        for e in rd.flatten() {
+            let meta: serde_json::Value = std::fs::read(e.path().join("meta.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            if let Some(parent) = meta["cgroup_parent"].as_str() {
+                for base in std::fs::read_dir("/sys/fs/cgroup")
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let _ = std::fs::remove_dir(base.path().join(parent));
+                }
+                let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent));
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! End to end: pods from the real API server on a kinglet node (Node
+//! authorizer and NodeRestriction on): a Deployment placed by the real
+//! scheduler reaches Running, statuses and events reach the API, a static
+//! pod gets its mirror pod, deleted pods are removed, and the last API
+//! snapshot brings pods back when the API server is unreachable.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+
+const BB: &str = "kinglet.test/busybox:1";
+
+fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
+    let v: serde_json::Value = serde_saphyr::from_str(y).unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+struct Joined {
+    k: Kinglet,
+    _dir: tempfile::TempDir,
+    manifests: std::path::PathBuf,
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        if let Some(pid) = self.k.alive().then(|| self.k.pid()) {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        common::pods::cleanup_root(&self.k.dir.path().join("root"));
+    }
+}
+
+fn join(prefix: &str) -> Joined {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let name = unique_name(prefix);
+    // The image is there before the node is: pods never wait on a pull.
+    let k = Kinglet::start_with_root_prep(
+        &name,
+        &format!("{FAST_CONFIG}staticPodPath: {}\n", manifests.display()),
+        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
+        common::pods::import_busybox,
+    );
+    Joined {
+        k,
+        _dir: dir,
+        manifests,
+    }
+}
+
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Running")
+            && s.container_statuses.iter().flatten().all(|c| c.ready)
+    })
+}
+
+#[tokio::test]
+async fn a_deployment_runs_and_static_pods_are_mirrored() {
+    let admin = admin().await;
+    let j = join("kl-api");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
+    let ns = "default";
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    let dname = j.k.name.clone();
+    let d: Deployment = from_yaml(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {dname}}}\nspec:\n  replicas: 3\n  selector: {{matchLabels: {{app: {dname}}}}}\n  template:\n    metadata: {{labels: {{app: {dname}}}}}\n    spec:\n      nodeSelector: {{kubernetes.io/hostname: {dname}}}\n      terminationGracePeriodSeconds: 2\n      containers:\n      - name: c\n        image: {BB}\n        imagePullPolicy: IfNotPresent\n        command: [sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']\n"
+    ));
+    let t0 = std::time::Instant::now();
+    deployments
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let lp = ListParams::default().labels(&format!("app={dname}"));
+    let list = wait_for("3 replicas Running", Duration::from_secs(60), || async {
+        let l = pods.list(&lp).await.ok()?;
+        (l.items.len() == 3 && l.items.iter().all(running)).then_some(l)
+    })
+    .await;
+    eprintln!(
+        "figure: deployment of 3 replicas Running in the API after {:?}",
+        t0.elapsed()
+    );
+    for p in &list.items {
+        let st = p.status.as_ref().unwrap();
+        assert_eq!(
+            p.spec.as_ref().unwrap().node_name.as_deref(),
+            Some(dname.as_str())
+        );
+        let c = &st.container_statuses.as_ref().unwrap()[0];
+        assert!(
+            c.container_id
+                .as_deref()
+                .unwrap()
+                .starts_with("kinglet-oci://")
+        );
+        assert!(c.image_id.contains("sha256:"));
+        let types: Vec<&str> = st
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.status == "True")
+            .map(|c| c.type_.as_str())
+            .collect();
+        for t in [
+            "PodScheduled",
+            "PodReadyToStartContainers",
+            "Initialized",
+            "ContainersReady",
+            "Ready",
+        ] {
+            assert!(types.contains(&t), "{t} not True: {types:?}");
+        }
+        assert_eq!(st.qos_class.as_deref(), Some("BestEffort"));
+    }
+    // Events reach the API.
+    let events: Api<Event> = Api::namespaced(admin.clone(), ns);
+    let first = list.items[0].metadata.name.clone().unwrap();
+    wait_for("Started event", Duration::from_secs(15), || async {
+        let evs = events.list(&ListParams::default()).await.ok()?;
+        evs.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("Started")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(first.as_str())
+            })
+            .then_some(())
+    })
+    .await;
+
+    // A static pod appears in the API as its mirror pod.
+    std::fs::write(
+        j.manifests.join("static.yaml"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000']}}\n"),
+    )
+    .unwrap();
+    let mirror_name = format!("web-{dname}");
+    let mirror = wait_for("mirror pod Running", Duration::from_secs(30), || async {
+        pods.get_opt(&mirror_name)
+            .await
+            .ok()
+            .flatten()
+            .filter(running)
+    })
+    .await;
+    let ann = mirror.metadata.annotations.clone().unwrap();
+    assert!(ann.contains_key("kubernetes.io/config.mirror"));
+    assert_eq!(mirror.metadata.owner_references.unwrap()[0].kind, "Node");
+
+    // Deleting the deployment: pods terminate and are removed from the API.
+    deployments
+        .delete(&dname, &DeleteParams::foreground())
+        .await
+        .unwrap();
+    wait_for("pods deleted", Duration::from_secs(60), || async {
+        pods.list(&lp).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    std::fs::remove_file(j.manifests.join("static.yaml")).unwrap();
+    wait_for("mirror pod deleted", Duration::from_secs(60), || async {
+        pods.get_opt(&mirror_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods() {
+    let admin = admin().await;
+    let mut j = join("kl-api2");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = j.k.name.clone();
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-never}}\nspec:\n  nodeName: {name}\n  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'exit 3']}}\n"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let failed = wait_for("Failed", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-never"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+    })
+    .await;
+    let t = failed.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+
+    let keep: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-keep}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1001']}}\n"
+    ));
+    pods.create(&PostParams::default(), &keep).await.unwrap();
+    wait_for("keep Running", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-keep"))
+            .await
+            .ok()
+            .flatten()
+            .filter(running)
+    })
+    .await;
+    // The node "reboots" while the API server is unreachable: kinglet and
+    // every container go; it starts again pointed at a dead API address.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(j.k.pid() as i32, libc::SIGKILL) };
+    let _ = j.k.terminate(Duration::from_secs(5));
+    common::pods::cleanup_root(&j.k.dir.path().join("root"));
+    let dead = j.k.dir.path().join("dead.kubeconfig");
+    let kc = std::fs::read_to_string(node_kubeconfig(&name)).unwrap();
+    let port = cluster_port();
+    std::fs::write(
+        &dead,
+        kc.replace(&format!("127.0.0.1:{port}"), "127.0.0.1:1"),
+    )
+    .unwrap();
+    j.k.kubeconfig_override = Some(dead);
+    j.k.spawn();
+    let root = j.k.dir.path().join("root");
+    wait_for(
+        "the checkpointed pod running again without the API",
+        Duration::from_secs(30),
+        || async {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinglet"))
+                .arg("--root-dir")
+                .arg(&root)
+                .args(["pods", "ls"])
+                .output()
+                .ok()?;
+            let t = String::from_utf8_lossy(&out.stdout).into_owned();
+            t.lines()
+                .any(|l| l.contains(&format!("{name}-keep")) && l.contains("Running"))
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = pods
+        .delete(&format!("{name}-never"), &DeleteParams::default())
+        .await;
+    let _ = pods
+        .delete(
+            &format!("{name}-keep"),
+            &DeleteParams::default().grace_period(0),
+        )
+        .await;
+}
