@@ -60,6 +60,22 @@ fn sha(data: &[u8]) -> String {
 /// Writes an OCI-layout archive holding `exe` as `/kinglet`.
 pub fn write_image(exe: &[u8], out: &Path) -> anyhow::Result<()> {
     let mut layer = tar::Builder::new(Vec::new());
+    // The mount points a container needs, and the files kinglet binds over.
+    for d in ["etc", "proc", "sys", "dev", "tmp"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Directory);
+        h.set_mode(if d == "tmp" { 0o1777 } else { 0o755 });
+        h.set_size(0);
+        h.set_mtime(0);
+        layer.append_data(&mut h, format!("{d}/"), std::io::empty())?;
+    }
+    for f in ["etc/hosts", "etc/resolv.conf", "etc/hostname"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(0);
+        h.set_mtime(0);
+        layer.append_data(&mut h, f, std::io::empty())?;
+    }
     let mut h = tar::Header::new_gnu();
     h.set_size(exe.len() as u64);
     h.set_mode(0o755);

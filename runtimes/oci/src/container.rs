@@ -49,7 +49,7 @@ pub fn create(
         .with_systemd(false)
         .with_detach(true)
         .build()
-        .map_err(|e| err(id, format!("create: {e}")))?;
+        .map_err(|e| err(id, format!("create: {e} ({e:?})")))?;
     container
         .pid()
         .map(|p| p.as_raw())
