@@ -1,24 +1,14 @@
 #!/usr/bin/env bash
-# kinglet's main job on this machine, set up from nothing (as root): builds
-# kinglet, starts the loopback control plane, and runs kinglet in the
-# foreground as node "kinglet-demo" until Ctrl-C. In another shell:
-#   kubectl --kubeconfig /tmp/kinglet-cluster/admin.kubeconfig get nodes -o wide
+# kinglet's main job on this machine, set up from nothing, offline (as
+# root): builds the static kinglet, then runs `kinglet demo`: standalone (no
+# API server), it packs itself into a demo image, imports it, and runs a
+# static pod from it until Ctrl-C. In another shell:
+#   target/<arch>-unknown-linux-musl/release/kinglet --root-dir /var/lib/kinglet-demo pods ls
+#   tail -f /var/log/pods/default_demo-*/hello/0.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/setup.sh
-cargo build --release --locked --bin kinglet
-export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
-admin=$(tests/cluster/up.sh | tail -n1)
-trap 'tests/cluster/down.sh' EXIT
-kubeconfig=$(tests/cluster/node-kubeconfig.sh kinglet-demo | tail -n1)
-echo "control plane up; kubectl --kubeconfig $admin get nodes" >&2
-target/release/kinglet --kubeconfig "$kubeconfig" --hostname-override kinglet-demo \
-  --node-ip 127.0.0.1 --root-dir "${KINGLET_DEMO_ROOT:-/tmp/kinglet-demo}" &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid; tests/cluster/down.sh' EXIT
-for _ in $(seq 1 100); do
-  kubectl --kubeconfig "$admin" get node kinglet-demo 2>/dev/null | grep -qw Ready && break
-  sleep 0.2
-done
-kubectl --kubeconfig "$admin" get nodes -o wide
-wait $pid
+target=$(uname -m)-unknown-linux-musl
+cross/build.sh "$target"
+root=${KINGLET_DEMO_ROOT:-/var/lib/kinglet-demo}
+exec "target/$target/release/kinglet" --root-dir "$root" demo
