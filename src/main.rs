@@ -250,6 +250,16 @@ async fn run(s: Settings) -> anyhow::Result<()> {
             pod_pids_limit: cfg.pod_pids_limit,
             log_root: s.pod_log_dir.display().to_string(),
             volume_root: s.root_dir.join("volumes").display().to_string(),
+            min_oom_score_adj: {
+                let min = pods::convert::min_oom_score_adj();
+                if min > -1000 {
+                    warn!(
+                        min,
+                        "no CAP_SYS_RESOURCE: OOM score adjustments below {min} (Guaranteed pods' -997) are raised to it"
+                    );
+                }
+                min
+            },
         },
         status_dir: s.root_dir.join("pods"),
         sources,

@@ -23,6 +23,28 @@ pub struct NodeContext {
     pub log_root: String,
     /// Where emptyDir volumes live: `<volume_root>/<pod uid>/<volume>`.
     pub volume_root: String,
+    /// The lowest OOM score adjustment kinglet may give (−1000 with
+    /// CAP_SYS_RESOURCE; else its own, as the kernel allows no lower).
+    pub min_oom_score_adj: i32,
+}
+
+/// What `min_oom_score_adj` is for this process.
+pub fn min_oom_score_adj() -> i32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_RESOURCE: u64 = 24;
+    if cap_eff & (1 << CAP_SYS_RESOURCE) != 0 {
+        -1000
+    } else {
+        std::fs::read_to_string("/proc/self/oom_score_adj")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
 }
 
 /// `Guaranteed`, `Burstable` or `BestEffort`, by upstream's rules.
@@ -491,7 +513,9 @@ pub fn container_config(
         cpu_shares: Some(cpu_request.map_or(2, |m| ((m * 1024) / 1000).max(2) as u64)),
         cpu_quota: cpu_limit.map(|m| (m * 100) as i64),
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
-        oom_score_adj: Some(oom_score_adj(pod, c, node.memory_capacity)),
+        oom_score_adj: Some(
+            oom_score_adj(pod, c, node.memory_capacity).max(node.min_oom_score_adj),
+        ),
         privileged,
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
         no_new_privileges: sc.allow_privilege_escalation == Some(false) && !privileged,

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Benchmark (prints figures, asserts nothing): pod startup latency p50/p90/p99
+# and the memory of kinglet + its monitor at 0, 10, 30 and 110 pods, on a node
+# joined to the loopback control plane.   tests/bench/pods.sh [PODS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+pods=${1:-50}
+cargo build --release --locked --bin kinglet --example bench_pods >&2
+admin=$(tests/cluster/up.sh | tail -n1)
+node=bench-$$
+work=$(mktemp -d /tmp/kinglet-bench-pods.XXXXXX)
+root=$work/root
+kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
+tests/images/busybox.sh "$work/busybox.tar" >/dev/null
+target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
+printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
+target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" >"$work/kinglet.log" 2>&1 &
+pid=$!
+cleanup() {
+  kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+  sleep 3
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  python3 - "$root/runtime/oci/monitor/monitor.sock" <<'PY' || true
+import json, socket, sys
+def call(req):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+    s.sendall((json.dumps(req) + "\n").encode()); d = b""
+    while not d.endswith(b"\n"):
+        c = s.recv(65536)
+        if not c: break
+        d += c
+    return json.loads(d) if d else {}
+for r in call({"op": "list"}).get("records", []):
+    call({"op": "delete", "id": r["id"]})
+try: call({"op": "exit"})
+except Exception: pass
+PY
+  grep " $root" /proc/mounts | awk '{print $2}' | xargs -r umount -l
+  kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 1 100); do
+  kubectl --kubeconfig "$admin" get node "$node" 2>/dev/null | grep -qw Ready && break; sleep 0.2
+done
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, $(uname -r)"
+target/release/examples/bench_pods "$admin" "$node" "$root" "$pods"
