@@ -134,20 +134,7 @@ pub fn table(index: &Index) -> String {
             rows.push([repo, tag, short_id(&img.id).into(), size.clone()]);
         }
     }
-    let widths: Vec<usize> = (0..4)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(v, w)| format!("{v:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::table::render(&rows)
 }
 
 /// Imports one archive from the import dir: removed on success, moved to

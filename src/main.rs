@@ -11,6 +11,7 @@ mod health;
 mod images;
 mod node;
 mod pods;
+mod table;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -22,6 +22,17 @@ use super::{SourceUpdate, StatusSink};
 const MIRROR: &str = "kubernetes.io/config.mirror";
 const SOURCE: &str = "kubernetes.io/config.source";
 
+/// The pod's namespace, name, and an `Api` for that namespace.
+fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    (Api::namespaced(client.clone(), &ns), ns, name)
+}
+
 fn is_static(pod: &Pod) -> bool {
     pod.metadata
         .annotations
@@ -338,13 +349,7 @@ async fn write_status(
     pod: &Pod,
     status: &PodStatus,
 ) -> Result<(), kube::Error> {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (api, _, name) = pod_api(client, pod);
     if is_static(pod) {
         ensure_mirror(client, node_name, pod).await?;
     }
@@ -369,13 +374,7 @@ async fn write_status(
 /// A terminated pod: an API pod being deleted is removed for good (grace
 /// 0, only this UID), a static pod's mirror goes with it.
 async fn finish(client: &Client, pod: &Pod) {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (api, ns, name) = pod_api(client, pod);
     let dp = if is_static(pod) {
         DeleteParams {
             grace_period_seconds: Some(0),

@@ -312,18 +312,5 @@ pub fn table(dir: &Path) -> String {
             age,
         ]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(v, w)| format!("{v:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    crate::table::render(&rows)
 }
