@@ -287,6 +287,8 @@ impl Drop for Kinglet {
         if std::thread::panicking() {
             eprintln!("--- kinglet log of {} ---\n{}", self.name, self.log());
         }
+        // The monitor outlives kinglet by design; tests stop it and what it ran.
+        pods::cleanup_root(&self.dir.path().join("root"));
         if !self.joined {
             return;
         }
