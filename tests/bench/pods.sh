@@ -18,9 +18,14 @@ target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostnam
   --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" >"$work/kinglet.log" 2>&1 &
 pid=$!
 cleanup() {
-  kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
-  sleep 3
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null || true
+  set +e
+  kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1
+  # Let kinglet tear its pods down (containers, sandboxes, cgroups).
+  for _ in $(seq 1 120); do
+    [ "$(target/release/kinglet --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
+    sleep 0.5
+  done
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
   python3 - "$root/runtime/oci/monitor/monitor.sock" <<'PY' || true
 import json, socket, sys
 def call(req):
@@ -37,6 +42,11 @@ try: call({"op": "exit"})
 except Exception: pass
 PY
   grep " $root" /proc/mounts | awk '{print $2}' | xargs -r umount -l
+  for m in "$root"/runtime/oci/sandboxes/*/meta.json; do
+    [ -f "$m" ] || continue
+    parent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cgroup_parent"])' "$m")
+    for h in /sys/fs/cgroup /sys/fs/cgroup/*; do rmdir "$h/$parent" 2>/dev/null; done
+  done
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
