@@ -28,6 +28,16 @@ use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
 
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
+    // Namespaces and the monitor need a process without threads.
+    if let Some(config::flags::Command::Netns { path }) = &flags.command {
+        return match kinglet_runtime_oci::network::create_netns(path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("kinglet netns: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     // The monitor must start before any thread exists: it forks.
     if let Some(config::flags::Command::Monitor { dir }) = &flags.command {
         return match kinglet_runtime_oci::monitor::server::daemonize_and_serve(dir) {
@@ -177,11 +187,33 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     let store = images::open_store(&s.root_dir)?;
     // A bad registry configuration is a start-up error, like a bad config.
     let puller = Arc::new(images::puller(store.clone(), &s.registry_config)?);
-    let oci = kinglet_runtime_oci::OciRuntime::new(
+    let mut oci = kinglet_runtime_oci::OciRuntime::new(
         s.root_dir.join("runtime/oci"),
         "/sys/fs/cgroup",
         puller,
     );
+    if !s.cni_conf_dir.as_os_str().is_empty() {
+        let cni = kinglet_runtime_oci::network::Cni {
+            conf_dir: s.cni_conf_dir.clone(),
+            bin_dirs: s.cni_bin_dirs.clone(),
+            cache_dir: s.root_dir.join("cni/results"),
+        };
+        let default = kinglet_runtime_oci::network::default_conflist(
+            "kinglet0",
+            "10.88.0.0/16",
+            &s.root_dir.join("cni/networks"),
+        );
+        match cni.install_default(&default) {
+            Ok(true) => {
+                info!(dir = %s.cni_conf_dir.display(), "installed the default CNI conflist (bridge kinglet0, 10.88.0.0/16)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(dir = %s.cni_conf_dir.display(), error = %e, "cannot install the default CNI conflist")
+            }
+        }
+        oci = oci.with_cni(cni);
+    }
     let exe = std::env::current_exe().context("cannot find kinglet's own executable")?;
     if let Err(e) = oci.start_monitor(&exe).await {
         // The node reports NotReady with the reason until it answers.

@@ -51,6 +51,12 @@ pub enum Command {
     /// The program inside the demo image.
     #[command(hide = true)]
     DemoApp,
+    /// Make a network namespace bound at PATH (used by kinglet itself).
+    #[command(hide = true)]
+    Netns {
+        #[arg(value_name = "PATH")]
+        path: PathBuf,
+    },
     /// The container monitor (started by kinglet itself).
     #[command(hide = true)]
     Monitor {
@@ -139,6 +145,15 @@ pub struct Flags {
     )]
     pub image_registry_config: PathBuf,
 
+    /// CNI network configuration directory; kinglet installs a default
+    /// bridge conflist there if it holds none. Empty: pods use the host network.
+    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: String,
+
+    /// CNI plugin directories, colon-separated.
+    #[arg(long, value_name = "DIRS", default_value = "/opt/cni/bin:/usr/lib/cni")]
+    pub cni_bin_dir: String,
+
     /// Where container logs are written, as `<ns>_<pod>_<uid>/<container>/<n>.log`.
     #[arg(long, value_name = "DIR", default_value = "/var/log/pods")]
     pub pod_log_dir: PathBuf,
@@ -182,6 +197,8 @@ pub struct Settings {
     pub registry_config: PathBuf,
     pub import_dir: PathBuf,
     pub pod_log_dir: PathBuf,
+    pub cni_conf_dir: PathBuf,
+    pub cni_bin_dirs: Vec<PathBuf>,
 }
 
 impl Flags {
@@ -256,6 +273,13 @@ impl Flags {
             runtime: self.runtime,
             registry_config: self.image_registry_config.clone(),
             pod_log_dir: self.pod_log_dir.clone(),
+            cni_conf_dir: PathBuf::from(&self.cni_conf_dir),
+            cni_bin_dirs: self
+                .cni_bin_dir
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .collect(),
             import_dir: self
                 .image_import_dir
                 .clone()

@@ -142,6 +142,7 @@ pub fn pod_status(
     sandbox_ready: bool,
     waiting: &BTreeMap<String, (String, String)>,
     host_ip: &str,
+    pod_ip: &str,
     start_time: &Time,
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
@@ -312,9 +313,8 @@ pub fn pod_status(
             ip: host_ip.into(),
         }])
         .filter(|_| !host_ip.is_empty()),
-        // Until CNI lands, pods share the host network.
-        pod_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
-        pod_ips: Some(vec![PodIP { ip: host_ip.into() }]).filter(|_| !host_ip.is_empty()),
+        pod_ip: Some(pod_ip.to_string()).filter(|s| !s.is_empty()),
+        pod_ips: Some(vec![PodIP { ip: pod_ip.into() }]).filter(|_| !pod_ip.is_empty()),
         start_time: Some(start_time.clone()),
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(regular),

@@ -60,6 +60,8 @@ pub struct Worker {
     image_backoff: BTreeMap<String, Backoff>,
     waiting: BTreeMap<String, (String, String)>,
     start_time: Time,
+    /// The sandbox's own IP, when the pod has its own network.
+    pod_ip: Option<String>,
 }
 
 fn is_restartable(policy: &str, exit_code: i32) -> bool {
@@ -87,6 +89,7 @@ impl Worker {
             image_backoff: BTreeMap::new(),
             waiting: BTreeMap::new(),
             start_time: Time(jiff::Timestamp::now()),
+            pod_ip: None,
         }
     }
 
@@ -479,6 +482,11 @@ impl Worker {
             None => match self.runtime.run_pod_sandbox(&sb).await {
                 Ok(id) => {
                     self.sandbox = Some(id.clone());
+                    let sandboxes = self.runtime.list_pod_sandboxes().await.unwrap_or_default();
+                    self.pod_ip = sandboxes
+                        .into_iter()
+                        .find(|s| s.id == id)
+                        .and_then(|s| s.ip);
                     for v in pod
                         .spec
                         .iter()
@@ -556,12 +564,19 @@ impl Worker {
     }
 
     async fn report(&self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
+        // Pods with their own network have the sandbox's IP; host-network
+        // pods (or nodes without CNI) the node's.
+        let pod_ip = self
+            .pod_ip
+            .clone()
+            .unwrap_or_else(|| self.node.node_ip.clone());
         let st = status::pod_status(
             pod,
             current,
             sandbox_ready,
             &self.waiting,
             &self.node.node_ip,
+            &pod_ip,
             &self.start_time,
         );
         let _ = self

@@ -15,7 +15,7 @@ tests/images/busybox.sh "$work/busybox.tar" >/dev/null
 target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
 printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
 target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" >"$work/kinglet.log" 2>&1 &
+  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" --cni-conf-dir "" >"$work/kinglet.log" 2>&1 &
 pid=$!
 cleanup() {
   set +e

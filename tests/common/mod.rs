@@ -212,6 +212,11 @@ impl Kinglet {
                 None => cmd.arg("--kubeconfig").arg(node_kubeconfig(&self.name)),
             };
         }
+        // Never the host's CNI configuration: tests that want pod networks
+        // pass a private --cni-conf-dir; the others use the host network.
+        if !self.extra_args.iter().any(|a| a == "--cni-conf-dir") {
+            cmd.args(["--cni-conf-dir", ""]);
+        }
         let child = cmd
             .arg("--config")
             .arg(&self.config)

@@ -16,6 +16,7 @@
 pub mod container;
 pub mod images;
 pub mod monitor;
+pub mod network;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
@@ -64,6 +65,11 @@ struct SandboxMeta {
     namespace: String,
     cgroup_parent: String,
     created_at: i64,
+    /// The pod's network namespace file, when it has its own network.
+    #[serde(default)]
+    netns: Option<PathBuf>,
+    #[serde(default)]
+    ip: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -108,6 +114,10 @@ pub struct OciRuntime {
     store: Arc<ImageStore>,
     puller: Arc<Puller>,
     monitor: Client,
+    /// Pod networking; `None`: every pod shares the host network.
+    cni: Option<network::Cni>,
+    /// kinglet itself, for the helper processes it starts.
+    exe: std::sync::OnceLock<PathBuf>,
 }
 
 impl OciRuntime {
@@ -125,11 +135,20 @@ impl OciRuntime {
             puller,
             dir,
             cgroup_root: cgroup_root.into(),
+            cni: None,
+            exe: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Gives pods their own network through CNI.
+    pub fn with_cni(mut self, cni: network::Cni) -> Self {
+        self.cni = Some(cni);
+        self
     }
 
     /// Starts (or finds) the monitor, using `exe` (kinglet itself).
     pub async fn start_monitor(&self, exe: &Path) -> Result<(), RuntimeError> {
+        let _ = self.exe.set(exe.to_path_buf());
         for d in ["sandboxes", "containers", "monitor"] {
             std::fs::create_dir_all(self.dir.join(d)).map_err(|e| rt_err("runtime dir", e))?;
         }
@@ -412,13 +431,19 @@ impl Runtime for OciRuntime {
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>> {
         Box::pin(async {
             let runtime = self.runtime_condition().await;
-            // Pods share the host network until CNI support lands; there is
-            // no plugin whose readiness could be checked yet.
-            let network = RuntimeCondition {
-                kind: ConditionKind::NetworkReady,
-                status: true,
-                reason: String::new(),
-                message: String::new(),
+            let network = match self.cni.as_ref().map(|c| c.ready()) {
+                Some(Err(e)) => RuntimeCondition {
+                    kind: ConditionKind::NetworkReady,
+                    status: false,
+                    reason: "NetworkPluginNotReady".into(),
+                    message: format!("Network plugin returns error: {e}"),
+                },
+                _ => RuntimeCondition {
+                    kind: ConditionKind::NetworkReady,
+                    status: true,
+                    reason: String::new(),
+                    message: String::new(),
+                },
             };
             Ok(RuntimeStatus {
                 conditions: vec![runtime, network],
@@ -442,13 +467,56 @@ impl Runtime for OciRuntime {
             if !cfg.log_directory.is_empty() {
                 std::fs::create_dir_all(&cfg.log_directory).map_err(|e| rt_err("log dir", e))?;
             }
-            let meta = SandboxMeta {
+            let mut meta = SandboxMeta {
                 pod_uid: cfg.pod_uid.clone(),
                 pod_name: cfg.pod_name.clone(),
                 namespace: cfg.namespace.clone(),
                 cgroup_parent: cfg.cgroup_parent.clone(),
                 created_at: jiff::Timestamp::now().as_nanosecond() as i64,
+                netns: None,
+                ip: None,
             };
+            if let (Some(cni), false) = (&self.cni, cfg.host_network) {
+                let netns = dir.join("netns");
+                // Recorded first, so a crash midway still tears it down.
+                meta.netns = Some(netns.clone());
+                write_json_atomic(&dir.join("meta.json"), &meta)
+                    .map_err(|e| rt_err("sandbox meta", e))?;
+                let exe = self
+                    .exe
+                    .get()
+                    .cloned()
+                    .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
+                let made = tokio::process::Command::new(&exe)
+                    .arg("netns")
+                    .arg(&netns)
+                    .status()
+                    .await
+                    .map_err(|e| rt_err("netns", e))?;
+                let pod = network::PodRef {
+                    namespace: cfg.namespace.clone(),
+                    name: cfg.pod_name.clone(),
+                    uid: cfg.pod_uid.clone(),
+                };
+                let added = if made.success() {
+                    cni.add(&id, &netns, &pod, &serde_json::json!([]))
+                        .await
+                        .map_err(|e| RuntimeError::Other(e.to_string()))
+                } else {
+                    Err(RuntimeError::Other(format!(
+                        "creating the network namespace failed: {made}"
+                    )))
+                };
+                match added {
+                    Ok(ip) => meta.ip = ip,
+                    Err(e) => {
+                        let _ = cni.del(&id, &netns, &pod).await;
+                        network::remove_netns(&netns);
+                        let _ = std::fs::remove_dir_all(&dir);
+                        return Err(e);
+                    }
+                }
+            }
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("sandbox meta", e))?;
             Ok(id)
@@ -459,6 +527,19 @@ impl Runtime for OciRuntime {
         Box::pin(async move {
             let dir = self.sandbox_dir(id);
             if let Some(meta) = read_json::<SandboxMeta>(&dir.join("meta.json")) {
+                if let Some(netns) = &meta.netns {
+                    let pod = network::PodRef {
+                        namespace: meta.namespace.clone(),
+                        name: meta.pod_name.clone(),
+                        uid: meta.pod_uid.clone(),
+                    };
+                    if let Some(cni) = &self.cni
+                        && let Err(e) = cni.del(id, netns, &pod).await
+                    {
+                        return Err(RuntimeError::Other(e.to_string()));
+                    }
+                    network::remove_netns(netns);
+                }
                 self.remove_pod_cgroup(&meta.cgroup_parent);
             }
             match std::fs::remove_dir_all(&dir) {
@@ -479,7 +560,7 @@ impl Runtime for OciRuntime {
                             id: e.file_name().to_string_lossy().into_owned(),
                             pod_uid: m.pod_uid,
                             ready: true,
-                            ip: None,
+                            ip: m.ip,
                             created_at: m.created_at,
                         });
                     }
@@ -506,6 +587,8 @@ impl Runtime for OciRuntime {
             let id = new_id();
             let dir = self.container_dir(&id);
             std::fs::create_dir_all(&dir).map_err(|e| rt_err("container dir", e))?;
+            let netns = read_json::<SandboxMeta>(&self.sandbox_dir(sandbox_id).join("meta.json"))
+                .and_then(|m| m.netns);
             let created = (|| {
                 let overlay = self.prepare_rootfs(&dir, &image)?;
                 let sdir = self.sandbox_dir(sandbox_id);
@@ -603,7 +686,8 @@ impl Runtime for OciRuntime {
                     no_new_privileges: cfg.no_new_privileges,
                     capabilities_add: cfg.capabilities_add.clone(),
                     capabilities_drop: cfg.capabilities_drop.clone(),
-                    host_network: true,
+                    host_network: netns.is_none(),
+                    join_network: netns.clone(),
                     host_pid: sandbox.host_pid,
                     host_ipc: sandbox.host_ipc,
                     mounts,

@@ -1,0 +1,282 @@
+//! Pod networking through CNI (spec 1.0): a network namespace per pod
+//! sandbox, the plugins of the first conflist in the config dir run with
+//! ADD/DEL (each plugin's result handed to the next as `prevResult`), the
+//! result cached on disk so DEL works after a restart, and the loopback
+//! interface brought up as containerd does. Plugins are exec'd, never
+//! forked from kinglet; the namespace is made by a fresh `kinglet netns`
+//! process.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+/// The conflist kinglet installs when the config dir has none: a bridge
+/// with host-local addresses, port mappings, for a single node.
+pub fn default_conflist(bridge: &str, subnet: &str, data_dir: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "kinglet",
+        "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": true, "hairpinMode": true,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "routes": [{"dst": "0.0.0.0/0"}],
+                      "dataDir": data_dir}},
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cni: {0}")]
+pub struct CniError(pub String);
+
+/// Where CNI configuration and plugins are.
+#[derive(Clone, Debug)]
+pub struct Cni {
+    pub conf_dir: PathBuf,
+    pub bin_dirs: Vec<PathBuf>,
+    /// Results of ADD, kept for DEL.
+    pub cache_dir: PathBuf,
+}
+
+/// One sandbox's attachment: container ID, namespace file, pod.
+struct Target<'a> {
+    id: &'a str,
+    netns: &'a Path,
+    pod: &'a PodRef,
+}
+
+/// Pod identity for `CNI_ARGS`.
+#[derive(Clone, Debug, Default)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Cni {
+    /// The first network configuration (`*.conflist`, or a single-plugin
+    /// `*.conf`/`*.json`), by file name, as the kubelet picks it.
+    pub fn conflist(&self) -> Result<Value, CniError> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&self.conf_dir)
+            .map_err(|e| CniError(format!("{}: {e}", self.conf_dir.display())))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|x| x == "conflist" || x == "conf" || x == "json")
+            })
+            .collect();
+        files.sort();
+        let f = files.first().ok_or_else(|| {
+            CniError(format!(
+                "no network config found in {}",
+                self.conf_dir.display()
+            ))
+        })?;
+        let v: Value = serde_json::from_slice(
+            &std::fs::read(f).map_err(|e| CniError(format!("{}: {e}", f.display())))?,
+        )
+        .map_err(|e| CniError(format!("{}: {e}", f.display())))?;
+        if v.get("plugins").is_some() {
+            Ok(v)
+        } else {
+            Ok(json!({"cniVersion": v["cniVersion"], "name": v["name"], "plugins": [v]}))
+        }
+    }
+
+    /// Installs the default conflist if the dir holds no config.
+    pub fn install_default(&self, conflist: &Value) -> std::io::Result<bool> {
+        if self.conflist().is_ok() {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&self.conf_dir)?;
+        let path = self.conf_dir.join("10-kinglet.conflist");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(conflist).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(true)
+    }
+
+    fn plugin(&self, kind: &str) -> Option<PathBuf> {
+        self.bin_dirs
+            .iter()
+            .map(|d| d.join(kind))
+            .find(|p| p.is_file())
+    }
+
+    /// `NetworkReady`: a config whose plugins are all installed.
+    pub fn ready(&self) -> Result<(), CniError> {
+        let c = self.conflist()?;
+        for p in c["plugins"].as_array().cloned().unwrap_or_default() {
+            let kind = p["type"].as_str().unwrap_or_default();
+            if self.plugin(kind).is_none() {
+                return Err(CniError(format!(
+                    "plugin {kind:?} not found in {:?}",
+                    self.bin_dirs
+                )));
+            }
+        }
+        if self.plugin("loopback").is_none() {
+            return Err(CniError("plugin \"loopback\" not found".into()));
+        }
+        Ok(())
+    }
+
+    async fn exec(
+        &self,
+        kind: &str,
+        command: &str,
+        t: &Target<'_>,
+        ifname: &str,
+        conf: &Value,
+    ) -> Result<Value, CniError> {
+        let bin = self
+            .plugin(kind)
+            .ok_or_else(|| CniError(format!("plugin {kind:?} not found")))?;
+        let path = self
+            .bin_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+            t.pod.namespace, t.pod.name, t.id, t.pod.uid
+        );
+        let mut child = tokio::process::Command::new(&bin)
+            .env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", t.id)
+            .env("CNI_NETNS", t.netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", path)
+            .env("CNI_ARGS", args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| CniError(format!("{}: {e}", bin.display())))?;
+        let input = serde_json::to_vec(conf).map_err(|e| CniError(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(&input).await;
+        }
+        let out = child
+            .wait_with_output()
+            .await
+            .map_err(|e| CniError(e.to_string()))?;
+        if !out.status.success() {
+            let msg = serde_json::from_slice::<Value>(&out.stdout)
+                .ok()
+                .and_then(|v| {
+                    v["msg"]
+                        .as_str()
+                        .map(|m| format!("{m} {}", v["details"].as_str().unwrap_or("")))
+                })
+                .unwrap_or_else(|| String::from_utf8_lossy(&out.stderr).into_owned());
+            return Err(CniError(format!(
+                "plugin {kind} {command} failed: {}",
+                msg.trim()
+            )));
+        }
+        if out.stdout.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&out.stdout)
+            .map_err(|e| CniError(format!("plugin {kind}: bad result: {e}")))
+    }
+
+    fn plugin_conf(list: &Value, plugin: &Value, prev: &Value, port_mappings: &Value) -> Value {
+        let mut c = plugin.clone();
+        c["cniVersion"] = list["cniVersion"].clone();
+        c["name"] = list["name"].clone();
+        if !prev.is_null() {
+            c["prevResult"] = prev.clone();
+        }
+        if plugin["capabilities"]["portMappings"].as_bool() == Some(true) {
+            c["runtimeConfig"] = json!({"portMappings": port_mappings});
+        }
+        c
+    }
+
+    /// ADD: loopback, then the conflist's chain. Returns the pod IP.
+    pub async fn add(
+        &self,
+        id: &str,
+        netns: &Path,
+        pod: &PodRef,
+        port_mappings: &Value,
+    ) -> Result<Option<String>, CniError> {
+        let lo = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});
+        let t = Target { id, netns, pod };
+        self.exec("loopback", "ADD", &t, "lo", &lo).await?;
+        let list = self.conflist()?;
+        let mut prev = Value::Null;
+        for p in list["plugins"].as_array().cloned().unwrap_or_default() {
+            let kind = p["type"].as_str().unwrap_or_default().to_string();
+            let conf = Self::plugin_conf(&list, &p, &prev, port_mappings);
+            prev = self.exec(&kind, "ADD", &t, "eth0", &conf).await?;
+        }
+        std::fs::create_dir_all(&self.cache_dir).map_err(|e| CniError(e.to_string()))?;
+        let cache = json!({"list": list, "result": prev, "portMappings": port_mappings});
+        std::fs::write(
+            self.cache_dir.join(format!("{id}.json")),
+            serde_json::to_vec(&cache).unwrap_or_default(),
+        )
+        .map_err(|e| CniError(e.to_string()))?;
+        let ip = prev["ips"]
+            .as_array()
+            .and_then(|ips| ips.first())
+            .and_then(|i| i["address"].as_str())
+            .map(|a| a.split('/').next().unwrap_or(a).to_string());
+        Ok(ip)
+    }
+
+    /// DEL, in reverse order, with the cached ADD result; idempotent.
+    pub async fn del(&self, id: &str, netns: &Path, pod: &PodRef) -> Result<(), CniError> {
+        let cache_file = self.cache_dir.join(format!("{id}.json"));
+        let cache: Value = std::fs::read(&cache_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null);
+        let list = if cache["list"].is_null() {
+            self.conflist()?
+        } else {
+            cache["list"].clone()
+        };
+        let mut plugins = list["plugins"].as_array().cloned().unwrap_or_default();
+        plugins.reverse();
+        for p in plugins {
+            let kind = p["type"].as_str().unwrap_or_default().to_string();
+            let conf = Self::plugin_conf(&list, &p, &cache["result"], &cache["portMappings"]);
+            self.exec(&kind, "DEL", &Target { id, netns, pod }, "eth0", &conf)
+                .await?;
+        }
+        let _ = std::fs::remove_file(cache_file);
+        Ok(())
+    }
+}
+
+/// Makes a network namespace bound at `path` (run in a fresh, single-
+/// threaded `kinglet netns PATH` process).
+pub fn create_netns(path: &Path) -> Result<(), String> {
+    std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: unshare in this single-threaded process, then a bind mount of
+    // our new namespace onto the file; both plain syscalls.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNET) != 0 {
+            return Err(format!("unshare: {}", std::io::Error::last_os_error()));
+        }
+    }
+    rustix::mount::mount_bind("/proc/self/ns/net", path)
+        .map_err(|e| format!("bind mount netns: {e}"))
+}
+
+/// Unmounts and removes a namespace file.
+pub fn remove_netns(path: &Path) {
+    let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
+    let _ = std::fs::remove_file(path);
+}
