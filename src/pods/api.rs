@@ -24,12 +24,7 @@ const SOURCE: &str = "kubernetes.io/config.source";
 
 /// The pod's namespace, name, and an `Api` for that namespace.
 fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
-    let ns = pod
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
+    let (ns, name) = super::convert::namespace_and_name(pod);
     (Api::namespaced(client.clone(), &ns), ns, name)
 }
 

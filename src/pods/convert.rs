@@ -139,15 +139,20 @@ pub fn log_directory(pod: &Pod, root: &str) -> String {
     )
 }
 
-/// The sandbox: hostname, DNS and hosts file as the kubelet writes them.
-pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
-    let spec = pod.spec.clone().unwrap_or_default();
+/// The pod's namespace (`default` if unset) and name.
+pub fn namespace_and_name(pod: &Pod) -> (String, String) {
     let ns = pod
         .metadata
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone().unwrap_or_default();
+    (ns, pod.metadata.name.clone().unwrap_or_default())
+}
+
+/// The sandbox: hostname, DNS and hosts file as the kubelet writes them.
+pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let (ns, name) = namespace_and_name(pod);
     let host_network = spec.host_network.unwrap_or(false);
     let hostname = if host_network {
         node.node_name.clone()
