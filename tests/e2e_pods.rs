@@ -406,6 +406,36 @@ async fn kill_9_of_kinglet_keeps_containers_and_readopts_them() {
 }
 
 #[tokio::test]
+async fn active_deadline_fails_the_pod() {
+    let n = Node::start();
+    n.apply(
+        "deadline",
+        &format!("  activeDeadlineSeconds: 2\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000']}}\n"),
+    );
+    n.wait("deadline", "Running", 20, |s| phase(s) == "Running")
+        .await;
+    // Failed for good, and the container is stopped (SIGTERM, then SIGKILL
+    // after the 1 s grace period: sleep as PID 1 ignores SIGTERM).
+    let r = n
+        .wait("deadline", "Failed with the container stopped", 20, |s| {
+            phase(s) == "Failed"
+                && container(s, "c")
+                    .state
+                    .as_ref()
+                    .is_some_and(|st| st.terminated.is_some())
+        })
+        .await;
+    assert_eq!(r.status.reason.as_deref(), Some("DeadlineExceeded"));
+    let t = container(&r.status, "c")
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert!([137, 143].contains(&t.exit_code), "{t:?}");
+}
+
+#[tokio::test]
 async fn bad_pods_get_upstream_reasons() {
     let mut n = Node::start();
     n.apply(

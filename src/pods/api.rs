@@ -207,6 +207,7 @@ async fn run(
     let mut dirty: HashMap<String, Pending> = HashMap::new();
     // The last error per pod, so a persistent failure is logged once.
     let mut failing: HashMap<String, String> = HashMap::new();
+    let mut mirrored = std::collections::HashSet::new();
     let mut retry = tokio::time::interval(Duration::from_secs(2));
     loop {
         tokio::select! {
@@ -235,6 +236,7 @@ async fn run(
                 Some(Msg::Gone(pod)) => {
                     if let Some(uid) = &pod.metadata.uid {
                         dirty.remove(uid);
+                        mirrored.remove(uid);
                     }
                     finish(&client, &pod).await;
                 }
@@ -244,7 +246,7 @@ async fn run(
         let uids: Vec<String> = dirty.keys().cloned().collect();
         for uid in uids {
             let Some(p) = dirty.get(&uid) else { continue };
-            match write_status(&client, &node_name, &p.pod, &p.status).await {
+            match write_status(&client, &node_name, &p.pod, &p.status, &mut mirrored).await {
                 Ok(()) => {
                     dirty.remove(&uid);
                     failing.remove(&uid);
@@ -338,15 +340,20 @@ async fn ensure_mirror(client: &Client, node_name: &str, pod: &Pod) -> Result<()
     }
 }
 
+/// Writes a pod's status. `mirrored` remembers the static pods whose
+/// mirror pod exists, so it is created once, not on every status change.
 async fn write_status(
     client: &Client,
     node_name: &str,
     pod: &Pod,
     status: &PodStatus,
+    mirrored: &mut std::collections::HashSet<String>,
 ) -> Result<(), kube::Error> {
     let (api, _, name) = pod_api(client, pod);
-    if is_static(pod) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if is_static(pod) && !mirrored.contains(&uid) {
         ensure_mirror(client, node_name, pod).await?;
+        mirrored.insert(uid.clone());
     }
     let mut patch = serde_json::json!({ "status": status });
     if !is_static(pod)
@@ -360,8 +367,12 @@ async fn write_status(
         .await
     {
         Ok(_) => Ok(()),
-        // Gone meanwhile: nothing to report to.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        // Gone meanwhile: nothing to report to now; a static pod's mirror
+        // that an admin deleted is created again on the next change.
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            mirrored.remove(&uid);
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }

@@ -62,6 +62,8 @@ pub struct Worker {
     start_time: Time,
     /// The sandbox's own IP, when the pod has its own network.
     pod_ip: Option<String>,
+    /// Set once `activeDeadlineSeconds` has passed: the pod has failed.
+    deadline_exceeded: bool,
 }
 
 fn is_restartable(policy: &str, exit_code: i32) -> bool {
@@ -90,6 +92,7 @@ impl Worker {
             waiting: BTreeMap::new(),
             start_time: Time(jiff::Timestamp::now()),
             pod_ip: None,
+            deadline_exceeded: false,
         }
     }
 
@@ -460,6 +463,45 @@ impl Worker {
 
     /// One sync of the pod; returns when a timer should wake it.
     async fn sync(&mut self, pod: &Pod, current: &[ContainerStatus]) -> Option<Duration> {
+        // activeDeadlineSeconds: past it, the pod's containers are killed
+        // and it fails for good, as upstream's active deadline handler does.
+        if let Some(deadline) = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds) {
+            let active = jiff::Timestamp::now().duration_since(self.start_time.0);
+            let limit = jiff::SignedDuration::from_secs(deadline.max(0));
+            if active >= limit || self.deadline_exceeded {
+                if !self.deadline_exceeded {
+                    self.deadline_exceeded = true;
+                    self.event(
+                        pod,
+                        "Normal",
+                        "DeadlineExceeded",
+                        "Pod was active on the node longer than the specified deadline".into(),
+                    )
+                    .await;
+                }
+                let grace = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30)
+                    .max(0) as u64;
+                for c in current.iter().filter(|c| c.state != ContainerState::Exited) {
+                    let _ = self
+                        .runtime
+                        .stop_container(&c.id, Duration::from_secs(grace), libc::SIGTERM)
+                        .await;
+                }
+                self.report(pod, current, self.sandbox.is_some()).await;
+                return None;
+            }
+            let left = (limit - active).unsigned_abs();
+            let wake = self.sync_inner(pod, current).await;
+            return Some(wake.map_or(left, |w| w.min(left)));
+        }
+        self.sync_inner(pod, current).await
+    }
+
+    async fn sync_inner(&mut self, pod: &Pod, current: &[ContainerStatus]) -> Option<Duration> {
         let sb = convert::sandbox_config(pod, &self.node);
         if self.sandbox.is_none() {
             let existing = self.runtime.list_pod_sandboxes().await.unwrap_or_default();
@@ -570,7 +612,7 @@ impl Worker {
             .pod_ip
             .clone()
             .unwrap_or_else(|| self.node.node_ip.clone());
-        let st = status::pod_status(
+        let mut st = status::pod_status(
             pod,
             current,
             sandbox_ready,
@@ -579,6 +621,12 @@ impl Worker {
             &pod_ip,
             &self.start_time,
         );
+        if self.deadline_exceeded {
+            st.phase = Some("Failed".into());
+            st.reason = Some("DeadlineExceeded".into());
+            st.message =
+                Some("Pod was active on the node longer than the specified deadline".into());
+        }
         let _ = self
             .reports
             .send(Report::Status {
