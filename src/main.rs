@@ -297,6 +297,29 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         status_dir: s.root_dir.join("pods"),
         sources,
         sink,
+        allocatable: {
+            // As the node reports it: capacity less reservations, the hard
+            // memory eviction threshold and hugepages.
+            let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
+            let hard_mem = cfg
+                .eviction_thresholds()?
+                .hard
+                .get("memory.available")
+                .map_or(0, |t| t.resolve(machine.memory_bytes));
+            let memory = machine
+                .memory_bytes
+                .saturating_sub(reserved.get("memory").copied().unwrap_or(0))
+                .saturating_sub(hard_mem)
+                .saturating_sub(machine.hugepages.values().sum());
+            pods::admit::Allocatable {
+                cpu_milli: u128::from(machine.cpus) * 1000
+                    - u128::from(reserved.get("cpu").copied().unwrap_or(0))
+                        .min(u128::from(machine.cpus) * 1000),
+                memory: u128::from(memory),
+                pods: cfg.max_pods.max(0) as usize,
+                labels: node::NodeTemplate::from_settings(&s).labels,
+            }
+        },
     };
     tasks.push(tokio::spawn(manager.run(pod_rx, shutdown.clone())));
     drop(pod_tx);

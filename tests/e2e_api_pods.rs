@@ -261,3 +261,71 @@ async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods() {
         )
         .await;
 }
+
+#[tokio::test]
+async fn admission_rejects_pods_that_do_not_fit() {
+    let admin = admin().await;
+    let j = join("kl-admit");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let node = wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
+    let cpus: u32 = node.status.unwrap().allocatable.unwrap()["cpu"]
+        .0
+        .parse()
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = j.k.name.clone();
+    // Two pods take all the CPU; a third one cannot fit.
+    let half = cpus * 500;
+    for i in 0..3 {
+        let p: Pod = from_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-cpu{i}}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000'], resources: {{requests: {{cpu: {half}m}}}}}}\n"
+        ));
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        if i < 2 {
+            wait_for("admitted pod Running", Duration::from_secs(30), || async {
+                pods.get_opt(&format!("{name}-cpu{i}"))
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(running)
+            })
+            .await;
+        }
+    }
+    let rejected = wait_for("OutOfcpu", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-cpu2"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed"))
+    })
+    .await;
+    let st = rejected.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("OutOfcpu"));
+    assert!(st.message.unwrap().starts_with(&format!(
+        "Pod was rejected: Node didn't have enough resource: cpu, requested: {half}, used: {}",
+        2 * half
+    )));
+
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-sel}}\nspec:\n  nodeName: {name}\n  nodeSelector: {{disktype: ssd}}\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never}}\n"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let sel = wait_for("NodeAffinity", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-sel"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("NodeAffinity"))
+    })
+    .await;
+    assert_eq!(sel.status.unwrap().phase.as_deref(), Some("Failed"));
+    for s in ["cpu0", "cpu1", "cpu2", "sel"] {
+        let _ = pods
+            .delete(
+                &format!("{name}-{s}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+}

@@ -7,6 +7,7 @@
 //! has reported once (upstream's `SourcesReady`), so a restart re-adopts
 //! running pods instead of killing them.
 
+pub mod admit;
 pub mod api;
 pub mod convert;
 pub mod file;
@@ -60,6 +61,8 @@ pub struct PodManager {
     /// Sources that must report before orphans are removed.
     pub sources: Vec<&'static str>,
     pub sink: Option<Arc<dyn StatusSink>>,
+    /// What pods are admitted against.
+    pub allocatable: admit::Allocatable,
 }
 
 struct WorkerHandle {
@@ -81,10 +84,17 @@ impl PodManager {
         let mut workers: HashMap<String, WorkerHandle> = HashMap::new();
         let mut last_status: HashMap<String, PodStatus> = HashMap::new();
         let mut cleaned = false;
+        // Pods refused at admission: never started, never retried.
+        let mut rejected: BTreeSet<String> = BTreeSet::new();
         // The relist: once a second, as upstream's generic PLEG.
         let mut relist = tokio::time::interval(Duration::from_secs(1));
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut by_pod: HashMap<String, Vec<ContainerStatus>> = HashMap::new();
+        // Know what already runs before the first snapshot is admitted, so
+        // a restart never rejects a running pod.
+        for c in self.runtime.list_containers().await.unwrap_or_default() {
+            by_pod.entry(c.pod_uid.clone()).or_default().push(c);
+        }
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -103,7 +113,32 @@ impl PodManager {
                                     h.spec.send_replace(Some(pod.clone()));
                                 }
                             }
+                            None if rejected.contains(uid) => {}
                             None => {
+                                // A pod whose containers already run (a restart) is
+                                // not admitted again; a new one must fit.
+                                if !by_pod.contains_key(uid) {
+                                    let others: Vec<&Pod> = workers
+                                        .keys()
+                                        .filter_map(|u| desired.get(u))
+                                        .filter(|p| {
+                                            !last_status.get(p.metadata.uid.as_deref().unwrap_or("")).is_some_and(|s| {
+                                                matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                                            })
+                                        })
+                                        .collect();
+                                    if let Err(r) = admit::admit(pod, &others, &self.allocatable) {
+                                        warn!(pod = %worker::pod_name(pod), reason = %r.reason, "{}", r.message);
+                                        rejected.insert(uid.clone());
+                                        let st = admit::rejected_status(&r);
+                                        self.record_status(uid, pod, &st);
+                                        if let Some(sink) = &self.sink {
+                                            sink.event(pod, "Warning", &r.reason, &r.message);
+                                            sink.status(pod, &st);
+                                        }
+                                        continue;
+                                    }
+                                }
                                 info!(pod = %worker::pod_name(pod), uid = %uid, "pod added");
                                 let (stx, srx) = watch::channel(Some(pod.clone()));
                                 let (ctx, crx) = watch::channel(by_pod.get(uid).cloned().unwrap_or_default());
@@ -120,6 +155,13 @@ impl PodManager {
                             }
                         }
                     }
+                    rejected.retain(|u| {
+                        let keep = desired.contains_key(u);
+                        if !keep {
+                            let _ = std::fs::remove_file(self.status_dir.join(format!("{u}.json")));
+                        }
+                        keep
+                    });
                     for (uid, h) in &workers {
                         if !desired.contains_key(uid) && h.spec.borrow().is_some() {
                             h.spec.send_replace(None);
@@ -155,21 +197,7 @@ impl PodManager {
                             if last_status.get(&uid).is_some_and(|s| status::same(s, &status)) {
                                 continue;
                             }
-                            let rec = PodRecord {
-                                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                                name: pod.metadata.name.clone().unwrap_or_default(),
-                                uid: uid.clone(),
-                                source: pod
-                                    .metadata
-                                    .annotations
-                                    .as_ref()
-                                    .and_then(|a| a.get("kubernetes.io/config.source").cloned())
-                                    .unwrap_or_else(|| "api".into()),
-                                status: (*status).clone(),
-                            };
-                            if let Ok(data) = serde_json::to_vec(&rec) {
-                                let _ = write_atomic(&self.status_dir.join(format!("{uid}.json")), &data);
-                            }
+                            self.record_status(&uid, &pod, &status);
                             if let Some(s) = &self.sink {
                                 s.status(&pod, &status);
                             }
@@ -201,6 +229,25 @@ impl PodManager {
                     }
                 }
             }
+        }
+    }
+
+    /// Writes the status record `kinglet pods ls` reads.
+    fn record_status(&self, uid: &str, pod: &Pod, status: &PodStatus) {
+        let rec = PodRecord {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_string(),
+            source: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("kubernetes.io/config.source").cloned())
+                .unwrap_or_else(|| "api".into()),
+            status: status.clone(),
+        };
+        if let Ok(data) = serde_json::to_vec(&rec) {
+            let _ = write_atomic(&self.status_dir.join(format!("{uid}.json")), &data);
         }
     }
 

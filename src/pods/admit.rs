@@ -1,0 +1,242 @@
+//! Pod admission, as upstream's admit handlers decide it before a pod
+//! starts: the node's labels must satisfy the pod's nodeSelector and
+//! required node affinity, and the pod's requests must fit what is
+//! allocatable next to the pods already admitted. A rejected pod fails
+//! with upstream's reason and message and never starts.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus};
+
+use super::convert::quantity_milli;
+
+/// What the node offers.
+#[derive(Clone, Debug, Default)]
+pub struct Allocatable {
+    pub cpu_milli: u128,
+    pub memory: u128,
+    pub pods: usize,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A rejection: reason and message as upstream words them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: String,
+    pub message: String,
+}
+
+/// A pod's effective requests (cpu in millicores, memory in bytes): the
+/// larger of the sum of its containers and its largest init container.
+pub fn requests(pod: &Pod) -> (u128, u128) {
+    let Some(spec) = &pod.spec else { return (0, 0) };
+    let req = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> u128 {
+        let res = c.resources.clone().unwrap_or_default();
+        res.requests
+            .as_ref()
+            .and_then(|m| m.get(r))
+            .or_else(|| res.limits.as_ref().and_then(|m| m.get(r)))
+            .map_or(0, |q| quantity_milli(&q.0))
+    };
+    let sum = |r: &str| spec.containers.iter().map(|c| req(c, r)).sum::<u128>();
+    let init = |r: &str| {
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|c| req(c, r))
+            .max()
+            .unwrap_or(0)
+    };
+    (
+        sum("cpu").max(init("cpu")),
+        sum("memory").max(init("memory")) / 1000,
+    )
+}
+
+fn matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let v = labels.get(&req.key);
+    let values = req.values.clone().unwrap_or_default();
+    match req.operator.as_str() {
+        "In" => v.is_some_and(|v| values.contains(v)),
+        "NotIn" => v.is_none_or(|v| !values.contains(v)),
+        "Exists" => v.is_some(),
+        "DoesNotExist" => v.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(v), Some(w)) = (
+                v.and_then(|v| v.parse::<i64>().ok()),
+                values.first().and_then(|w| w.parse::<i64>().ok()),
+            ) else {
+                return false;
+            };
+            if req.operator == "Gt" { v > w } else { v < w }
+        }
+        _ => false,
+    }
+}
+
+fn affinity_ok(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
+    let Some(spec) = &pod.spec else { return true };
+    if let Some(sel) = &spec.node_selector
+        && sel.iter().any(|(k, v)| labels.get(k) != Some(v))
+    {
+        return false;
+    }
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    match required {
+        // Terms are ORed, the expressions of a term ANDed.
+        Some(r) => r.node_selector_terms.iter().any(|t| {
+            t.match_expressions
+                .iter()
+                .flatten()
+                .all(|e| matches(e, labels))
+        }),
+        None => true,
+    }
+}
+
+/// Decides whether `pod` may run next to `admitted`.
+pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rejection> {
+    if !affinity_ok(pod, &node.labels) {
+        return Err(Rejection {
+            reason: "NodeAffinity".into(),
+            message:
+                "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+                    .into(),
+        });
+    }
+    if admitted.len() + 1 > node.pods {
+        return Err(Rejection {
+            reason: "OutOfpods".into(),
+            message: format!(
+                "Node didn't have enough resource: pods, requested: 1, used: {}, capacity: {}",
+                admitted.len(),
+                node.pods
+            ),
+        });
+    }
+    let (cpu, mem) = requests(pod);
+    let used_cpu: u128 = admitted.iter().map(|p| requests(p).0).sum();
+    let used_mem: u128 = admitted.iter().map(|p| requests(p).1).sum();
+    if cpu > 0 && used_cpu + cpu > node.cpu_milli {
+        return Err(Rejection {
+            reason: "OutOfcpu".into(),
+            message: format!(
+                "Pod was rejected: Node didn't have enough resource: cpu, requested: {cpu}, used: {used_cpu}, capacity: {}",
+                node.cpu_milli
+            ),
+        });
+    }
+    if mem > 0 && used_mem + mem > node.memory {
+        return Err(Rejection {
+            reason: "OutOfmemory".into(),
+            message: format!(
+                "Pod was rejected: Node didn't have enough resource: memory, requested: {mem}, used: {used_mem}, capacity: {}",
+                node.memory
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The status of a rejected pod.
+pub fn rejected_status(r: &Rejection) -> PodStatus {
+    PodStatus {
+        phase: Some("Failed".into()),
+        reason: Some(r.reason.clone()),
+        message: Some(r.message.clone()),
+        start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        )),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn node() -> Allocatable {
+        Allocatable {
+            cpu_milli: 2000,
+            memory: 1 << 30,
+            pods: 3,
+            labels: BTreeMap::from([
+                ("kubernetes.io/arch".into(), "arm64".into()),
+                ("zone".into(), "a".into()),
+            ]),
+        }
+    }
+
+    #[test]
+    fn resources_fit_or_are_refused_with_upstream_reasons() {
+        let big = pod(
+            "metadata: {name: b}\nspec: {containers: [{name: c, image: i, resources: {requests: {cpu: 1500m, memory: 256Mi}}}]}",
+        );
+        let small = pod(
+            "metadata: {name: s}\nspec: {containers: [{name: c, image: i, resources: {requests: {cpu: 600m}}}]}",
+        );
+        assert_eq!(requests(&big), (1500, 256 << 20));
+        assert!(admit(&big, &[], &node()).is_ok());
+        let e = admit(&small, &[&big], &node()).unwrap_err();
+        assert_eq!(e.reason, "OutOfcpu");
+        assert_eq!(
+            e.message,
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000"
+        );
+        let hog = pod(
+            "metadata: {name: h}\nspec: {containers: [{name: c, image: i, resources: {limits: {memory: 900Mi}}}]}",
+        );
+        assert_eq!(
+            admit(&hog, &[&big], &node()).unwrap_err().reason,
+            "OutOfmemory"
+        );
+        let none = pod("metadata: {name: plain}\nspec: {containers: [{name: c, image: i}]}");
+        assert_eq!(
+            admit(&none, &[&none, &none, &none], &node())
+                .unwrap_err()
+                .reason,
+            "OutOfpods"
+        );
+        // The largest init container counts if larger than the sum.
+        let init = pod(
+            "metadata: {name: i}\nspec: {initContainers: [{name: x, image: i, resources: {requests: {cpu: '3'}}}], containers: [{name: c, image: i}]}",
+        );
+        assert_eq!(requests(&init).0, 3000);
+    }
+
+    #[test]
+    fn node_selector_and_affinity() {
+        let ok = pod(
+            "metadata: {name: a}\nspec: {nodeSelector: {zone: a}, containers: [{name: c, image: i}]}",
+        );
+        let bad = pod(
+            "metadata: {name: b}\nspec: {nodeSelector: {zone: b}, containers: [{name: c, image: i}]}",
+        );
+        assert!(admit(&ok, &[], &node()).is_ok());
+        assert_eq!(
+            admit(&bad, &[], &node()).unwrap_err().reason,
+            "NodeAffinity"
+        );
+        let aff = |op: &str, vals: &str| {
+            pod(&format!(
+                "metadata: {{name: x}}\nspec:\n  affinity: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: {{nodeSelectorTerms: [{{matchExpressions: [{{key: kubernetes.io/arch, operator: {op}, values: {vals}}}]}}]}}}}}}\n  containers: [{{name: c, image: i}}]\n"
+            ))
+        };
+        assert!(admit(&aff("In", "[arm64, arm]"), &[], &node()).is_ok());
+        assert!(admit(&aff("NotIn", "[arm64]"), &[], &node()).is_err());
+        assert!(admit(&aff("Exists", "[]"), &[], &node()).is_ok());
+        assert!(admit(&aff("DoesNotExist", "[]"), &[], &node()).is_err());
+    }
+}
