@@ -168,6 +168,15 @@ pub fn app() -> ! {
     let start = std::time::Instant::now();
     // As PID 1 of its PID namespace the process ignores signals it has no
     // handler for, so a thread waits for SIGTERM and the loop exits.
+    // SAFETY: block the signals before the thread exists, so both inherit
+    // the mask and only sigwait receives them.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
     let term = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let t = term.clone();
     std::thread::spawn(move || {
@@ -182,14 +191,6 @@ pub fn app() -> ! {
         }
         t.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    // SAFETY: block the signals in this (main) thread so sigwait gets them.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
     let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
     let mut n = 0u64;
     loop {
