@@ -12,12 +12,21 @@ use std::sync::OnceLock;
 pub fn busybox_archive() -> &'static Path {
     static A: OnceLock<PathBuf> = OnceLock::new();
     A.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("kinglet-busybox-{}.tar", std::process::id()));
+        // In the cluster dir, one file replaced each run: runs leave
+        // nothing behind in /tmp.
+        let dir = super::cluster_dir().join("images");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join(format!("busybox-{}.tar", std::process::id()));
         let st = Command::new(super::repo().join("tests/images/busybox.sh"))
             .arg(&out)
             .status()
             .unwrap();
         assert!(st.success());
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.path() != out {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         out
     })
 }
