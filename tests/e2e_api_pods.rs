@@ -27,16 +27,6 @@ struct Joined {
     manifests: std::path::PathBuf,
 }
 
-impl Drop for Joined {
-    fn drop(&mut self) {
-        if let Some(pid) = self.k.alive().then(|| self.k.pid()) {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        common::pods::cleanup_root(&self.k.dir.path().join("root"));
-    }
-}
-
 fn join(prefix: &str) -> Joined {
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");

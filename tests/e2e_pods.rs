@@ -27,16 +27,6 @@ struct Node {
     _dir: tempfile::TempDir,
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        if let Some(pid) = self.k.alive().then(|| self.k.pid()) {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        common::pods::cleanup_root(&self.root());
-    }
-}
-
 impl Node {
     fn start() -> Node {
         let dir = tempfile::tempdir().unwrap();

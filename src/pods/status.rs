@@ -44,6 +44,17 @@ fn terminated(c: &ContainerStatus) -> KState {
     }
 }
 
+/// A waiting state; `ContainerCreating` unless the worker set a reason.
+fn waiting_state(reason: Option<&str>, message: Option<&str>) -> KState {
+    KState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.unwrap_or("ContainerCreating").to_string()),
+            message: message.filter(|m| !m.is_empty()).map(String::from),
+        }),
+        ..Default::default()
+    }
+}
+
 /// Builds the status of one container spec.
 fn container_status(
     name: &str,
@@ -55,13 +66,7 @@ fn container_status(
     let latest = tries.first();
     let (state, last) = match latest {
         None => (
-            KState {
-                waiting: Some(ContainerStateWaiting {
-                    reason: Some(waiting.map_or("ContainerCreating".into(), |w| w.0.clone())),
-                    message: waiting.map(|w| w.1.clone()).filter(|m| !m.is_empty()),
-                }),
-                ..Default::default()
-            },
+            waiting_state(waiting.map(|w| w.0.as_str()), waiting.map(|w| w.1.as_str())),
             None,
         ),
         Some(c) => {
@@ -77,28 +82,11 @@ fn container_status(
                     prev,
                 ),
                 ContainerState::Exited if waiting.is_some() => (
-                    KState {
-                        waiting: waiting.map(|w| ContainerStateWaiting {
-                            reason: Some(w.0.clone()),
-                            message: Some(w.1.clone()).filter(|m| !m.is_empty()),
-                        }),
-                        ..Default::default()
-                    },
+                    waiting_state(waiting.map(|w| w.0.as_str()), waiting.map(|w| w.1.as_str())),
                     Some(terminated(c)),
                 ),
                 ContainerState::Exited => (terminated(c), prev),
-                _ => (
-                    KState {
-                        waiting: Some(ContainerStateWaiting {
-                            reason: Some(
-                                waiting.map_or("ContainerCreating".into(), |w| w.0.clone()),
-                            ),
-                            message: None,
-                        }),
-                        ..Default::default()
-                    },
-                    prev,
-                ),
+                _ => (waiting_state(waiting.map(|w| w.0.as_str()), None), prev),
             }
         }
     };
@@ -150,31 +138,21 @@ pub fn pod_status(
         .restart_policy
         .clone()
         .unwrap_or_else(|| "Always".into());
+    let status_of = |c: &k8s_openapi::api::core::v1::Container| {
+        container_status(
+            &c.name,
+            c.image.as_deref().unwrap_or(""),
+            containers,
+            waiting.get(&c.name),
+        )
+    };
     let inits: Vec<KStatus> = spec
         .init_containers
         .iter()
         .flatten()
-        .map(|c| {
-            container_status(
-                &c.name,
-                c.image.as_deref().unwrap_or(""),
-                containers,
-                waiting.get(&c.name),
-            )
-        })
+        .map(status_of)
         .collect();
-    let mut regular: Vec<KStatus> = spec
-        .containers
-        .iter()
-        .map(|c| {
-            container_status(
-                &c.name,
-                c.image.as_deref().unwrap_or(""),
-                containers,
-                waiting.get(&c.name),
-            )
-        })
-        .collect();
+    let mut regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
 
     let init_done = |s: &KStatus| {
         s.state

@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::{self, BufRead, BufReader, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -532,11 +532,6 @@ pub fn apply_layer(
 pub fn overlay_supported() -> bool {
     std::fs::read_to_string("/proc/filesystems")
         .is_ok_and(|s| s.lines().any(|l| l.ends_with("\toverlay")))
-}
-
-/// `AsFd` helper for tests and callers that hold a root fd.
-pub fn root_fd(w: &RootWriter) -> std::os::fd::BorrowedFd<'_> {
-    w.root.as_fd()
 }
 
 #[cfg(test)]
