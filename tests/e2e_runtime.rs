@@ -157,11 +157,20 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         &c,
         dir.path(),
         &sl,
-        "trap 'exit 143' TERM; sleep 1000 & wait",
+        "trap 'exit 143' TERM; echo ready; sleep 1000 & wait",
         None,
     )
     .await;
     assert!(Path::new(&format!("/proc/{}", rec.pid)).exists());
+    // SIGTERM only after the shell installed its trap: as PID 1 it
+    // ignores signals it has no handler for.
+    common::wait_for("the trap", Duration::from_secs(10), || async {
+        log_lines(dir.path(), &sl)
+            .iter()
+            .any(|l| l.2 == "ready")
+            .then_some(())
+    })
+    .await;
     c.call(&Request::Kill {
         id: sl.clone(),
         signal: 15,
