@@ -29,8 +29,19 @@ use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
     // Namespaces and the monitor need a process without threads.
-    if let Some(config::flags::Command::Netns { path }) = &flags.command {
-        return match kinglet_runtime_oci::network::create_netns(path) {
+    if let Some(config::flags::Command::Netns {
+        net,
+        ipc,
+        uts,
+        hostname,
+    }) = &flags.command
+    {
+        let ns = kinglet_runtime_oci::network::PodNamespaces {
+            net: net.clone(),
+            ipc: ipc.clone(),
+            uts: uts.clone().zip(hostname.clone()),
+        };
+        return match kinglet_runtime_oci::network::create_namespaces(&ns) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("kinglet netns: {e}");

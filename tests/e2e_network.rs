@@ -1,8 +1,10 @@
 //! End to end: pod networking through the real CNI plugins (Debian's
 //! containernetworking-plugins: bridge, host-local, loopback) with a
 //! private conflist, bridge and address range: pods get their own IP,
-//! are reachable from the host and from each other, host-network pods skip
-//! CNI, and deleting pods gives back addresses, veths and namespaces.
+//! are reachable from the host and from each other, a `hostPort` reaches
+//! its pod through portmap, the containers of a pod share their network,
+//! IPC and UTS namespaces, host-network pods skip CNI, and deleting pods
+//! gives back addresses, veths, port mappings and namespaces.
 
 mod common;
 
@@ -75,7 +77,8 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
         serde_json::to_vec(&serde_json::json!({
             "cniVersion": "1.0.0", "name": "kltest",
             "plugins": [{"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": format!("10.201.{subnet_octet}.0/24")}]], "dataDir": ipam}}]
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": format!("10.201.{subnet_octet}.0/24")}]], "dataDir": ipam}},
+                {"type": "portmap", "capabilities": {"portMappings": true}}]
         }))
         .unwrap(),
     )
@@ -106,10 +109,11 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
     };
     let root = n.k.dir.path().join("root");
     let bb = "kinglet.test/busybox:1";
+    let host_port = 20000 + std::process::id() % 10000;
 
     std::fs::write(
         n.manifests.join("web.yaml"),
-        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {bb}, imagePullPolicy: Never, command: [sh, -c, 'mkdir -p /www; echo hello-from-web > /www/index.html; httpd -f -p 8080 -h /www']}}\n"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {bb}, imagePullPolicy: Never, ports: [{{containerPort: 8080, hostPort: {host_port}}}], command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); mkdir -p /www; echo hello-from-web > /www/index.html; httpd -f -p 8080 -h /www']}}\n  - {{name: d, image: {bb}, imagePullPolicy: Never, command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); exec sleep 1000']}}\n"),
     )
     .unwrap();
     let ip = common::wait_for("web's pod IP", Duration::from_secs(30), || async {
@@ -124,6 +128,41 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
     )
     .await;
     assert!(body.contains("200 OK"), "{body}");
+    let body = common::wait_for(
+        "web reachable through its hostPort",
+        Duration::from_secs(10),
+        || async {
+            http_get("127.0.0.1", host_port as u16).filter(|b| b.contains("hello-from-web"))
+        },
+    )
+    .await;
+    assert!(body.contains("200 OK"), "{body}");
+    let ns_line = |container: &str| {
+        let dirs = std::fs::read_dir(&n.logs).ok()?;
+        dirs.flatten()
+            .filter(|d| d.file_name().to_string_lossy().starts_with("default_web-"))
+            .find_map(|d| std::fs::read_to_string(d.path().join(container).join("0.log")).ok())?
+            .lines()
+            .find_map(|l| l.split_once(" ns ").map(|(_, v)| v.to_string()))
+    };
+    let c_ns = common::wait_for("c's namespaces", Duration::from_secs(10), || async {
+        ns_line("c")
+    })
+    .await;
+    let d_ns = common::wait_for("d's namespaces", Duration::from_secs(10), || async {
+        ns_line("d")
+    })
+    .await;
+    assert_eq!(c_ns, d_ns, "the containers of a pod share IPC and UTS");
+    let host_ipc = std::fs::read_link("/proc/self/ns/ipc").unwrap();
+    assert!(
+        !c_ns.contains(&host_ipc.display().to_string()),
+        "the pod has its own IPC namespace: {c_ns}"
+    );
+    assert!(
+        c_ns.contains("uts=web-"),
+        "hostname is the pod name: {c_ns}"
+    );
 
     std::fs::write(
         n.manifests.join("client.yaml"),
@@ -182,6 +221,14 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
     })
     .await;
     assert_eq!(veths(&n.bridge), 0, "veths left");
+    let nat = Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&nat.stdout).contains(&format!("--dport {host_port} ")),
+        "portmap rules left for {host_port}"
+    );
     let leased: Vec<String> = std::fs::read_dir(n.ipam.join("kltest"))
         .map(|rd| {
             rd.flatten()

@@ -51,11 +51,18 @@ pub enum Command {
     /// The program inside the demo image.
     #[command(hide = true)]
     DemoApp,
-    /// Make a network namespace bound at PATH (used by kinglet itself).
+    /// Make a pod's namespaces, each bound to a file (used by kinglet
+    /// itself).
     #[command(hide = true)]
     Netns {
-        #[arg(value_name = "PATH")]
-        path: PathBuf,
+        #[arg(long, value_name = "PATH")]
+        net: Option<PathBuf>,
+        #[arg(long, value_name = "PATH")]
+        ipc: Option<PathBuf>,
+        #[arg(long, value_name = "PATH", requires = "hostname")]
+        uts: Option<PathBuf>,
+        #[arg(long)]
+        hostname: Option<String>,
     },
     /// The container monitor (started by kinglet itself).
     #[command(hide = true)]

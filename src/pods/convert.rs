@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kinglet_runtime::{ContainerConfig, SandboxConfig};
+use kinglet_runtime::{ContainerConfig, PortMapping, SandboxConfig};
 
 use crate::config::parse_quantity;
 
@@ -236,7 +236,26 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
         cgroup_parent: cgroup_parent(pod),
         resolv_conf: resolv,
         hosts,
+        port_mappings: port_mappings(&spec),
     }
+}
+
+/// The containers' `hostPort`s, as the upstream kubelet hands them to CRI
+/// (a port without `hostPort` maps nothing).
+fn port_mappings(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<PortMapping> {
+    spec.containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let host_port = p.host_port.filter(|h| *h > 0)?;
+            Some(PortMapping {
+                protocol: p.protocol.as_deref().unwrap_or("TCP").to_ascii_lowercase(),
+                container_port: p.container_port,
+                host_port,
+                host_ip: p.host_ip.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
 }
 
 /// Why a container config cannot be built: upstream's

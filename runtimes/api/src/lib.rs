@@ -98,6 +98,20 @@ pub struct SandboxConfig {
     /// Lines of the pod's `/etc/resolv.conf` and `/etc/hosts`.
     pub resolv_conf: String,
     pub hosts: String,
+    /// `hostPort`s of the pod's containers (CRI `PortMapping`).
+    pub port_mappings: Vec<PortMapping>,
+}
+
+/// One `hostPort` of a container: traffic to `host_ip:host_port` goes to
+/// the pod's `container_port`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortMapping {
+    /// `tcp`, `udp` or `sctp` (lower case, as CNI's portmap wants it).
+    pub protocol: String,
+    pub container_port: i32,
+    pub host_port: i32,
+    /// Empty: all addresses.
+    pub host_ip: String,
 }
 
 /// A bind mount into a container.

@@ -70,6 +70,11 @@ struct SandboxMeta {
     netns: Option<PathBuf>,
     #[serde(default)]
     ip: Option<String>,
+    /// The pod's shared IPC and UTS namespace files.
+    #[serde(default)]
+    ipc: Option<PathBuf>,
+    #[serde(default)]
+    uts: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -121,6 +126,39 @@ pub struct OciRuntime {
 }
 
 impl OciRuntime {
+    /// Runs `kinglet netns` to make the pod's namespaces: unshare needs a
+    /// process without threads.
+    async fn make_namespaces(&self, ns: &network::PodNamespaces) -> Result<(), RuntimeError> {
+        if ns.files().is_empty() {
+            return Ok(());
+        }
+        let exe = self
+            .exe
+            .get()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
+        let mut cmd = tokio::process::Command::new(&exe);
+        cmd.arg("netns");
+        if let Some(p) = &ns.net {
+            cmd.arg("--net").arg(p);
+        }
+        if let Some(p) = &ns.ipc {
+            cmd.arg("--ipc").arg(p);
+        }
+        if let Some((p, h)) = &ns.uts {
+            cmd.arg("--uts").arg(p).arg("--hostname").arg(h);
+        }
+        let out = cmd.output().await.map_err(|e| rt_err("namespaces", e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Other(format!(
+                "creating the pod namespaces failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    }
+
     /// A runtime keeping its state under `dir`, using the cgroup hierarchy
     /// at `cgroup_root` and images from `puller`'s store.
     pub fn new(
@@ -409,6 +447,22 @@ fn resolve_user(user: &str, rootfs: &Path) -> (u32, u32) {
     (uid, gid)
 }
 
+/// CNI's `portMappings` capability argument.
+fn port_mappings_json(pm: &[kinglet_runtime::PortMapping]) -> serde_json::Value {
+    serde_json::Value::Array(
+        pm.iter()
+            .map(|p| {
+                serde_json::json!({
+                    "hostPort": p.host_port,
+                    "containerPort": p.container_port,
+                    "protocol": p.protocol,
+                    "hostIP": p.host_ip,
+                })
+            })
+            .collect(),
+    )
+}
+
 /// Creates the directory if needed and proves a file can be written in it.
 async fn probe_writable(dir: &Path) -> std::io::Result<()> {
     tokio::fs::create_dir_all(dir).await?;
@@ -475,46 +529,46 @@ impl Runtime for OciRuntime {
                 created_at: jiff::Timestamp::now().as_nanosecond() as i64,
                 netns: None,
                 ip: None,
+                ipc: None,
+                uts: None,
             };
-            if let (Some(cni), false) = (&self.cni, cfg.host_network) {
-                let netns = dir.join("netns");
-                // Recorded first, so a crash midway still tears it down.
-                meta.netns = Some(netns.clone());
-                write_json_atomic(&dir.join("meta.json"), &meta)
-                    .map_err(|e| rt_err("sandbox meta", e))?;
-                let exe = self
-                    .exe
-                    .get()
-                    .cloned()
-                    .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
-                let made = tokio::process::Command::new(&exe)
-                    .arg("netns")
-                    .arg(&netns)
-                    .status()
+            let with_net = self.cni.is_some() && !cfg.host_network;
+            let ns = network::PodNamespaces {
+                net: with_net.then(|| dir.join("netns")),
+                ipc: (!cfg.host_ipc).then(|| dir.join("ipcns")),
+                uts: (!cfg.host_network).then(|| (dir.join("utsns"), cfg.hostname.clone())),
+            };
+            // Recorded first, so a crash midway still tears them down.
+            meta.netns = ns.net.clone();
+            meta.ipc = ns.ipc.clone();
+            meta.uts = ns.uts.as_ref().map(|(p, _)| p.clone());
+            write_json_atomic(&dir.join("meta.json"), &meta)
+                .map_err(|e| rt_err("sandbox meta", e))?;
+            let pod = network::PodRef {
+                namespace: cfg.namespace.clone(),
+                name: cfg.pod_name.clone(),
+                uid: cfg.pod_uid.clone(),
+            };
+            let made = self.make_namespaces(&ns).await;
+            let added = match (made, &self.cni, &ns.net) {
+                (Err(e), _, _) => Err(e),
+                (Ok(()), Some(cni), Some(netns)) => cni
+                    .add(&id, netns, &pod, &port_mappings_json(&cfg.port_mappings))
                     .await
-                    .map_err(|e| rt_err("netns", e))?;
-                let pod = network::PodRef {
-                    namespace: cfg.namespace.clone(),
-                    name: cfg.pod_name.clone(),
-                    uid: cfg.pod_uid.clone(),
-                };
-                let added = if made.success() {
-                    cni.add(&id, &netns, &pod, &serde_json::json!([]))
-                        .await
-                        .map_err(|e| RuntimeError::Other(e.to_string()))
-                } else {
-                    Err(RuntimeError::Other(format!(
-                        "creating the network namespace failed: {made}"
-                    )))
-                };
-                match added {
-                    Ok(ip) => meta.ip = ip,
-                    Err(e) => {
-                        let _ = cni.del(&id, &netns, &pod).await;
-                        network::remove_netns(&netns);
-                        let _ = std::fs::remove_dir_all(&dir);
-                        return Err(e);
+                    .map_err(|e| RuntimeError::Other(e.to_string())),
+                (Ok(()), _, _) => Ok(None),
+            };
+            match added {
+                Ok(ip) => meta.ip = ip,
+                Err(e) => {
+                    if let (Some(cni), Some(netns)) = (&self.cni, &ns.net) {
+                        let _ = cni.del(&id, netns, &pod).await;
                     }
+                    for f in ns.files() {
+                        network::remove_netns(f);
+                    }
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
                 }
             }
             write_json_atomic(&dir.join("meta.json"), &meta)
@@ -538,7 +592,9 @@ impl Runtime for OciRuntime {
                     {
                         return Err(RuntimeError::Other(e.to_string()));
                     }
-                    network::remove_netns(netns);
+                }
+                for f in [&meta.netns, &meta.ipc, &meta.uts].into_iter().flatten() {
+                    network::remove_netns(f);
                 }
                 self.remove_pod_cgroup(&meta.cgroup_parent);
             }
@@ -587,8 +643,8 @@ impl Runtime for OciRuntime {
             let id = new_id();
             let dir = self.container_dir(&id);
             std::fs::create_dir_all(&dir).map_err(|e| rt_err("container dir", e))?;
-            let netns = read_json::<SandboxMeta>(&self.sandbox_dir(sandbox_id).join("meta.json"))
-                .and_then(|m| m.netns);
+            let smeta = read_json::<SandboxMeta>(&self.sandbox_dir(sandbox_id).join("meta.json"));
+            let netns = smeta.as_ref().and_then(|m| m.netns.clone());
             let created = (|| {
                 let overlay = self.prepare_rootfs(&dir, &image)?;
                 let sdir = self.sandbox_dir(sandbox_id);
@@ -690,6 +746,9 @@ impl Runtime for OciRuntime {
                     join_network: netns.clone(),
                     host_pid: sandbox.host_pid,
                     host_ipc: sandbox.host_ipc,
+                    host_uts: sandbox.host_network,
+                    join_ipc: smeta.as_ref().and_then(|m| m.ipc.clone()),
+                    join_uts: smeta.as_ref().and_then(|m| m.uts.clone()),
                     mounts,
                     sysctls: cfg.sysctls.clone(),
                     ..Default::default()

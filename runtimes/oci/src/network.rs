@@ -149,6 +149,13 @@ impl Cni {
         );
         let mut child = tokio::process::Command::new(&bin)
             .env_clear()
+            // Plugins run helpers (portmap runs iptables) from PATH.
+            .env(
+                "PATH",
+                std::env::var_os("PATH").unwrap_or_else(|| {
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+                }),
+            )
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", t.id)
             .env("CNI_NETNS", t.netns)
@@ -260,19 +267,64 @@ impl Cni {
     }
 }
 
-/// Makes a network namespace bound at `path` (run in a fresh, single-
-/// threaded `kinglet netns PATH` process).
-pub fn create_netns(path: &Path) -> Result<(), String> {
-    std::fs::write(path, b"").map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: unshare in this single-threaded process, then a bind mount of
-    // our new namespace onto the file; both plain syscalls.
-    unsafe {
-        if libc::unshare(libc::CLONE_NEWNET) != 0 {
-            return Err(format!("unshare: {}", std::io::Error::last_os_error()));
-        }
+/// The namespaces a pod's containers share, each bound to a file so that
+/// they outlive any process (no pause container).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodNamespaces {
+    pub net: Option<PathBuf>,
+    pub ipc: Option<PathBuf>,
+    /// With the pod's hostname set in it.
+    pub uts: Option<(PathBuf, String)>,
+}
+
+impl PodNamespaces {
+    /// The files bound, for teardown.
+    pub fn files(&self) -> Vec<&Path> {
+        [
+            self.net.as_deref(),
+            self.ipc.as_deref(),
+            self.uts.as_ref().map(|(p, _)| p.as_path()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
-    rustix::mount::mount_bind("/proc/self/ns/net", path)
-        .map_err(|e| format!("bind mount netns: {e}"))
+}
+
+/// Makes the pod's namespaces and binds them to their files (run in a
+/// fresh, single-threaded `kinglet netns` process: unshare affects the
+/// calling thread's process only when it has no other threads).
+pub fn create_namespaces(ns: &PodNamespaces) -> Result<(), String> {
+    let mut flags = 0;
+    let mut binds: Vec<(&str, &Path)> = Vec::new();
+    if let Some(p) = &ns.net {
+        flags |= libc::CLONE_NEWNET;
+        binds.push(("net", p));
+    }
+    if let Some(p) = &ns.ipc {
+        flags |= libc::CLONE_NEWIPC;
+        binds.push(("ipc", p));
+    }
+    if let Some((p, _)) = &ns.uts {
+        flags |= libc::CLONE_NEWUTS;
+        binds.push(("uts", p));
+    }
+    for (_, p) in &binds {
+        std::fs::write(p, b"").map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    // SAFETY: unshare in this single-threaded process; a plain syscall.
+    if unsafe { libc::unshare(flags) } != 0 {
+        return Err(format!("unshare: {}", std::io::Error::last_os_error()));
+    }
+    if let Some((_, hostname)) = &ns.uts {
+        rustix::system::sethostname(hostname.as_bytes())
+            .map_err(|e| format!("sethostname {hostname:?}: {e}"))?;
+    }
+    for (kind, p) in binds {
+        rustix::mount::mount_bind(format!("/proc/self/ns/{kind}").as_str(), p)
+            .map_err(|e| format!("bind mount {kind} namespace: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Unmounts and removes a namespace file.

@@ -82,6 +82,8 @@ pub struct ContainerConfig {
     pub host_network: bool,
     pub host_pid: bool,
     pub host_ipc: bool,
+    /// Share the host's UTS namespace (hostNetwork pods, as containerd does).
+    pub host_uts: bool,
     /// Namespaces to join (`/proc/<pid>/ns/x` or a bind-mounted ns file),
     /// shared between the containers of a pod.
     pub join_network: Option<PathBuf>,
@@ -135,7 +137,9 @@ impl ContainerConfig {
         if !self.host_network {
             namespaces.push(ns("network", &self.join_network));
         }
-        namespaces.push(ns("uts", &self.join_uts));
+        if !self.host_uts {
+            namespaces.push(ns("uts", &self.join_uts));
+        }
         namespaces.push(json!({"type": "cgroup"}));
 
         let mut mounts = vec![
@@ -197,14 +201,18 @@ impl ContainerConfig {
         if let Some(adj) = self.oom_score_adj {
             process["oomScoreAdj"] = json!(adj);
         }
-        json!({
+        let mut spec = json!({
             "ociVersion": "1.0.2",
             "process": process,
             "root": {"path": self.rootfs, "readonly": self.readonly_rootfs},
-            "hostname": self.hostname,
             "mounts": mounts,
             "linux": linux,
-        })
+        });
+        // The host's UTS namespace keeps the host's name.
+        if !self.host_uts {
+            spec["hostname"] = json!(self.hostname);
+        }
+        spec
     }
 }
 
