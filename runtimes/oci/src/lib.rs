@@ -751,7 +751,6 @@ impl Runtime for OciRuntime {
                     join_uts: smeta.as_ref().and_then(|m| m.uts.clone()),
                     mounts,
                     sysctls: cfg.sysctls.clone(),
-                    ..Default::default()
                 };
                 std::fs::write(
                     dir.join("config.json"),
