@@ -202,6 +202,11 @@ async fn run(s: Settings) -> anyhow::Result<()> {
         s.root_dir.join("runtime/oci"),
         "/sys/fs/cgroup",
         puller,
+    )
+    .with_log_rotation(
+        // Validated at load.
+        config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20),
+        cfg.container_log_max_files.max(2) as u32,
     );
     if !s.cni_conf_dir.as_os_str().is_empty() {
         let cni = kinglet_runtime_oci::network::Cni {

@@ -29,13 +29,18 @@ struct Node {
 
 impl Node {
     fn start() -> Node {
+        Node::start_with("")
+    }
+
+    /// A node with more lines of KubeletConfiguration.
+    fn start_with(config: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let manifests = dir.path().join("manifests");
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&manifests).unwrap();
         let k = Kinglet::standalone(
             &common::unique_name("kl-pods"),
-            &format!("staticPodPath: {}\n", manifests.display()),
+            &format!("staticPodPath: {}\n{config}", manifests.display()),
             &["--pod-log-dir", logs.to_str().unwrap()],
         );
         common::pods::import_busybox(&k.dir.path().join("root"));
@@ -291,6 +296,11 @@ fn pod_leftovers(root: &Path, uid: &str) -> Vec<String> {
 #[tokio::test]
 async fn graceful_termination_and_nothing_left_behind() {
     let n = Node::start();
+    common::pods::import_archive(&n.root(), common::pods::busybox_usr1_archive());
+    n.apply(
+        "usr1",
+        "  terminationGracePeriodSeconds: 30\n  containers:\n  - {name: c, image: 'kinglet.test/busybox-usr1:1', imagePullPolicy: Never, command: [sh, -c, 'trap \"echo got USR1; exit 0\" USR1; trap \"echo got TERM; exit 0\" TERM; echo ready; while true; do sleep 0.2; done']}\n",
+    );
     n.apply(
         "graceful",
         &format!("  terminationGracePeriodSeconds: 30\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'trap \"echo got TERM; exit 0\" TERM; while true; do sleep 0.2; done']}}\n"),
@@ -305,11 +315,27 @@ async fn graceful_termination_and_nothing_left_behind() {
     let s = n
         .wait("stubborn", "Running", 20, |s| phase(s) == "Running")
         .await;
+    let u = n
+        .wait("usr1", "Running", 20, |s| phase(s) == "Running")
+        .await;
+    let usr1_log = n
+        .logs
+        .join(format!("default_usr1-{}_{}/c/0.log", n.k.name, u.uid));
+    common::wait_for("usr1's traps set", Duration::from_secs(10), || async {
+        std::fs::read_to_string(&usr1_log)
+            .ok()
+            .filter(|l| l.contains("ready"))
+    })
+    .await;
     let t0 = Instant::now();
     n.delete("graceful");
     n.delete("stubborn");
+    n.delete("usr1");
     common::wait_for("pods gone", Duration::from_secs(20), || async {
-        (n.record("graceful").is_none() && n.record("stubborn").is_none()).then_some(())
+        (n.record("graceful").is_none()
+            && n.record("stubborn").is_none()
+            && n.record("usr1").is_none())
+        .then_some(())
     })
     .await;
     let took = t0.elapsed();
@@ -326,7 +352,16 @@ async fn graceful_termination_and_nothing_left_behind() {
     )
     .unwrap();
     assert!(log.contains("got TERM"), "{log}");
-    for uid in [&g.uid, &s.uid] {
+    let log = std::fs::read_to_string(
+        n.logs
+            .join(format!("default_usr1-{}_{}/c/0.log", n.k.name, u.uid)),
+    )
+    .unwrap();
+    assert!(
+        log.contains("got USR1") && !log.contains("got TERM"),
+        "the image's STOPSIGNAL is sent: {log}"
+    );
+    for uid in [&g.uid, &s.uid, &u.uid] {
         let left = pod_leftovers(&n.root(), uid);
         assert!(left.is_empty(), "left behind: {left:?}");
     }
@@ -465,4 +500,55 @@ async fn bad_pods_get_upstream_reasons() {
         n.k.log()
     );
     assert!(n.k.alive());
+}
+
+#[tokio::test]
+async fn termination_messages_and_log_rotation() {
+    let n = Node::start_with("containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 2\n");
+    n.apply(
+        "msg",
+        &format!("  restartPolicy: Never\n  containers:\n  - {{name: file, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'printf bye > /dev/termination-log; exit 3']}}\n  - {{name: custom, image: {BB}, imagePullPolicy: Never, terminationMessagePath: /tmp/why, command: [sh, -c, 'printf custom-why > /tmp/why; exit 0']}}\n  - {{name: fallback, image: {BB}, imagePullPolicy: Never, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last-words; exit 2']}}\n  - {{name: nofallback, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo not-a-message; exit 2']}}\n  - {{name: spew, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while [ $i -lt 2000 ]; do echo line-$i-padding-padding-padding; i=$((i+1)); done']}}\n"),
+    );
+    let r = n.wait("msg", "Failed", 30, |s| phase(s) == "Failed").await;
+    let term = |name: &str| {
+        container(&r.status, name)
+            .state
+            .clone()
+            .unwrap()
+            .terminated
+            .unwrap()
+    };
+    let t = term("file");
+    assert_eq!((t.exit_code, t.message.as_deref()), (3, Some("bye")));
+    let t = term("custom");
+    assert_eq!(t.message.as_deref(), Some("custom-why"));
+    assert_eq!(t.reason.as_deref(), Some("Completed"));
+    let t = term("fallback");
+    assert_eq!(t.message.as_deref(), Some("first\nlast-words\n"), "{t:?}");
+    let t = term("nofallback");
+    assert_eq!(t.message, None, "File policy never reads logs");
+
+    let dir = n
+        .logs
+        .join(format!("default_msg-{}_{}/spew", n.k.name, r.uid));
+    let files: Vec<(String, u64)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.metadata().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(files.len(), 2, "containerLogMaxFiles 2: {files:?}");
+    assert!(
+        files.iter().all(|(_, len)| *len <= 4096),
+        "containerLogMaxSize 4Ki: {files:?}"
+    );
+    let current = std::fs::read_to_string(dir.join("0.log")).unwrap();
+    assert!(
+        current.contains("line-1999-"),
+        "the newest lines stay: {current}"
+    );
 }

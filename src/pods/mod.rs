@@ -11,6 +11,7 @@ pub mod admit;
 pub mod api;
 pub mod convert;
 pub mod file;
+pub mod logs;
 pub mod status;
 pub mod worker;
 
@@ -259,7 +260,7 @@ impl PodManager {
             info!(container = %c.name, pod_uid = %c.pod_uid, "removing container of a pod that is gone");
             let _ = self
                 .runtime
-                .stop_container(&c.id, Duration::from_secs(2), libc::SIGTERM)
+                .stop_container(&c.id, Duration::from_secs(2))
                 .await;
             let _ = self.runtime.remove_container(&c.id).await;
         }

@@ -4,6 +4,7 @@
 //! away. Level-triggered and idempotent: every sync looks at what runs now.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,8 @@ pub struct Worker {
     pod_ip: Option<String>,
     /// Set once `activeDeadlineSeconds` has passed: the pod has failed.
     deadline_exceeded: bool,
+    /// `FallbackToLogsOnError` messages by container ID, read once.
+    log_messages: BTreeMap<String, String>,
 }
 
 fn is_restartable(policy: &str, exit_code: i32) -> bool {
@@ -93,6 +96,7 @@ impl Worker {
             start_time: Time(jiff::Timestamp::now()),
             pod_ip: None,
             deadline_exceeded: false,
+            log_messages: BTreeMap::new(),
         }
     }
 
@@ -177,10 +181,7 @@ impl Worker {
         let stops = running.iter().map(|c| {
             let rt = self.runtime.clone();
             let id = c.id.clone();
-            async move {
-                rt.stop_container(&id, Duration::from_secs(grace), libc::SIGTERM)
-                    .await
-            }
+            async move { rt.stop_container(&id, Duration::from_secs(grace)).await }
         });
         for (r, c) in futures::future::join_all(stops)
             .await
@@ -488,7 +489,7 @@ impl Worker {
                 for c in current.iter().filter(|c| c.state != ContainerState::Exited) {
                     let _ = self
                         .runtime
-                        .stop_container(&c.id, Duration::from_secs(grace), libc::SIGTERM)
+                        .stop_container(&c.id, Duration::from_secs(grace))
                         .await;
                 }
                 self.report(pod, current, self.sandbox.is_some()).await;
@@ -605,7 +606,48 @@ impl Worker {
         wake
     }
 
-    async fn report(&self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
+    /// Fills the message of containers that failed without writing their
+    /// termination message from their log's tail, when they ask for it.
+    fn with_log_messages(
+        &mut self,
+        pod: &Pod,
+        current: &[ContainerStatus],
+    ) -> Vec<ContainerStatus> {
+        let fallback: Vec<&str> = pod
+            .spec
+            .iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .filter(|c| c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError"))
+            .map(|c| c.name.as_str())
+            .collect();
+        self.log_messages
+            .retain(|id, _| current.iter().any(|c| &c.id == id));
+        current
+            .iter()
+            .map(|c| {
+                let mut c = c.clone();
+                if c.state == ContainerState::Exited
+                    && c.exit_code != 0
+                    && c.message.is_empty()
+                    && fallback.contains(&c.name.as_str())
+                {
+                    c.message = self
+                        .log_messages
+                        .entry(c.id.clone())
+                        .or_insert_with(|| super::logs::termination_tail(Path::new(&c.log_path)))
+                        .clone();
+                }
+                c
+            })
+            .collect()
+    }
+
+    async fn report(&mut self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
+        let current = &self.with_log_messages(pod, current)[..];
         // Pods with their own network have the sandbox's IP; host-network
         // pods (or nodes without CNI) the node's.
         let pod_ip = self

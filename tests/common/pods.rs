@@ -11,33 +11,52 @@ use std::sync::OnceLock;
 /// test binary.
 pub fn busybox_archive() -> &'static Path {
     static A: OnceLock<PathBuf> = OnceLock::new();
-    A.get_or_init(|| {
-        // In the cluster dir, one file replaced each run: runs leave
-        // nothing behind in /tmp.
-        let dir = super::cluster_dir().join("images");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join(format!("busybox-{}.tar", std::process::id()));
-        let st = Command::new(super::repo().join("tests/images/busybox.sh"))
-            .arg(&out)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.path() != out {
-                let _ = std::fs::remove_file(e.path());
-            }
+    A.get_or_init(|| build_busybox("busybox", &[]))
+}
+
+/// The same busybox with `STOPSIGNAL SIGUSR1`, as
+/// `kinglet.test/busybox-usr1:1`.
+pub fn busybox_usr1_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| build_busybox("busybox-usr1", &["kinglet.test/busybox-usr1:1", "SIGUSR1"]))
+}
+
+fn build_busybox(stem: &str, args: &[&str]) -> PathBuf {
+    // In the cluster dir, one file of each kind replaced each run: runs
+    // leave nothing behind in /tmp.
+    let dir = super::cluster_dir().join("images");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{stem}-{}.tar", std::process::id()));
+    let st = Command::new(super::repo().join("tests/images/busybox.sh"))
+        .arg(&out)
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let same_kind = name
+            .strip_prefix(&format!("{stem}-"))
+            .is_some_and(|rest| rest.trim_end_matches(".tar").parse::<u32>().is_ok());
+        if e.path() != out && same_kind {
+            let _ = std::fs::remove_file(e.path());
         }
-        out
-    })
+    }
+    out
 }
 
 /// Imports the busybox image into the store under `root`.
 pub fn import_busybox(root: &Path) {
+    import_archive(root, busybox_archive());
+}
+
+/// Imports an image archive into the store under `root`.
+pub fn import_archive(root: &Path, archive: &Path) {
     let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
         .arg("--root-dir")
         .arg(root)
         .args(["images", "import"])
-        .arg(busybox_archive())
+        .arg(archive)
         .output()
         .unwrap();
     assert!(

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds, offline, an OCI archive of a busybox image from Debian's
 # busybox-static with umoci and skopeo (real tools, no registry):
-#   busybox.sh OUT.tar [NAME]   (NAME defaults to kinglet.test/busybox:1)
+#   busybox.sh OUT.tar [NAME [STOPSIGNAL]]
+# (NAME defaults to kinglet.test/busybox:1; no STOPSIGNAL by default)
 set -euo pipefail
 out=${1:?usage: busybox.sh OUT.tar [NAME]}
 name=${2:-kinglet.test/busybox:1}
+stopsignal=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 umoci init --layout "$work/layout"
@@ -19,5 +21,8 @@ printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$work/bundle/rootfs/etc/group"
 umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
 umoci config --image "$work/layout:img" --config.cmd /bin/sh --config.env PATH=/bin
+if [ -n "$stopsignal" ]; then
+  umoci config --image "$work/layout:img" --config.stopsignal "$stopsignal"
+fi
 skopeo --insecure-policy copy --quiet "oci:$work/layout:img" "oci-archive:$out:$name"
 echo "$out"

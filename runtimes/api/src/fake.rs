@@ -263,7 +263,6 @@ impl Runtime for FakeRuntime {
         &'a self,
         id: &'a str,
         _timeout: std::time::Duration,
-        _signal: i32,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
             let mut s = self.lock();

@@ -252,12 +252,12 @@ pub trait Runtime: Send + Sync {
         sandbox: &'a SandboxConfig,
     ) -> BoxFuture<'a, Result<String, RuntimeError>>;
     fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
-    /// CRI `StopContainer`: the stop signal, then SIGKILL after `timeout`.
+    /// CRI `StopContainer`: the container's stop signal (the image's
+    /// STOPSIGNAL, else SIGTERM), then SIGKILL after `timeout`.
     fn stop_container<'a>(
         &'a self,
         id: &'a str,
         timeout: std::time::Duration,
-        signal: i32,
     ) -> BoxFuture<'a, Result<(), RuntimeError>>;
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
     /// CRI `ListContainers` with status.

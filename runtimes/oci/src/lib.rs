@@ -88,6 +88,9 @@ struct ContainerMeta {
     image_id: String,
     log_path: String,
     overlay: bool,
+    /// The image's STOPSIGNAL; 0: SIGTERM.
+    #[serde(default)]
+    stop_signal: i32,
 }
 
 fn rt_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
@@ -123,6 +126,8 @@ pub struct OciRuntime {
     cni: Option<network::Cni>,
     /// kinglet itself, for the helper processes it starts.
     exe: std::sync::OnceLock<PathBuf>,
+    /// containerLogMaxSize (bytes) and containerLogMaxFiles.
+    log_rotation: (u64, u32),
 }
 
 impl OciRuntime {
@@ -175,10 +180,18 @@ impl OciRuntime {
             cgroup_root: cgroup_root.into(),
             cni: None,
             exe: std::sync::OnceLock::new(),
+            log_rotation: (10 << 20, 5),
         }
     }
 
     /// Gives pods their own network through CNI.
+    /// Rotates container logs at `max_size` bytes keeping `max_files`
+    /// (containerLogMaxSize, containerLogMaxFiles).
+    pub fn with_log_rotation(mut self, max_size: u64, max_files: u32) -> Self {
+        self.log_rotation = (max_size, max_files);
+        self
+    }
+
     pub fn with_cni(mut self, cni: network::Cni) -> Self {
         self.cni = Some(cni);
         self
@@ -317,7 +330,11 @@ impl OciRuntime {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
-    async fn stop(&self, id: &str, timeout: Duration, signal: i32) -> Result<(), RuntimeError> {
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        let signal = read_json::<ContainerMeta>(&self.container_dir(id).join("meta.json"))
+            .map(|m| m.stop_signal)
+            .filter(|s| *s > 0)
+            .unwrap_or(libc::SIGTERM);
         let state = |id: &str| {
             let id = id.to_string();
             async move { self.monitor.record(&Request::State { id }).await }
@@ -370,6 +387,7 @@ struct ImageDefaults {
     env: Vec<String>,
     working_dir: String,
     user: String,
+    stop_signal: String,
 }
 
 impl OciRuntime {
@@ -396,6 +414,7 @@ impl OciRuntime {
             env: strings(&c["Env"]),
             working_dir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
             user: c["User"].as_str().unwrap_or("").to_string(),
+            stop_signal: c["StopSignal"].as_str().unwrap_or("").to_string(),
         }
     }
 }
@@ -445,6 +464,30 @@ fn resolve_user(user: &str, rootfs: &Path) -> (u32, u32) {
         None => pgid,
     };
     (uid, gid)
+}
+
+/// A STOPSIGNAL as images write it (`SIGQUIT`, `QUIT`, `3`); 0 when
+/// absent or unknown, meaning SIGTERM.
+fn parse_signal(s: &str) -> i32 {
+    let s = s.trim();
+    if let Ok(n) = s.parse::<i32>() {
+        return if (1..=64).contains(&n) { n } else { 0 };
+    }
+    let name = s.to_ascii_uppercase();
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    match name {
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "QUIT" => libc::SIGQUIT,
+        "KILL" => libc::SIGKILL,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "TERM" => libc::SIGTERM,
+        "WINCH" => libc::SIGWINCH,
+        "PWR" => libc::SIGPWR,
+        "STOP" => libc::SIGSTOP,
+        _ => 0,
+    }
 }
 
 /// CNI's `portMappings` capability argument.
@@ -757,9 +800,9 @@ impl Runtime for OciRuntime {
                     serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?,
                 )
                 .map_err(|e| rt_err("config.json", e))?;
-                Ok::<bool, RuntimeError>(overlay)
+                Ok::<(bool, i32), RuntimeError>((overlay, parse_signal(&ic.stop_signal)))
             })();
-            let overlay = match created {
+            let (overlay, stop_signal) = match created {
                 Ok(o) => o,
                 Err(e) => {
                     self.teardown_container_dir(&id);
@@ -782,6 +825,7 @@ impl Runtime for OciRuntime {
                 image_id: image.id.clone(),
                 log_path: log_path.display().to_string(),
                 overlay,
+                stop_signal,
             };
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("container meta", e))?;
@@ -789,8 +833,8 @@ impl Runtime for OciRuntime {
                 id: id.clone(),
                 bundle: dir.clone(),
                 log_path,
-                log_max_size: 10 << 20,
-                log_max_files: 5,
+                log_max_size: self.log_rotation.0,
+                log_max_files: self.log_rotation.1,
             };
             if let Err(e) = self.monitor.record(&req).await {
                 self.teardown_container_dir(&id);
@@ -815,9 +859,8 @@ impl Runtime for OciRuntime {
         &'a self,
         id: &'a str,
         timeout: Duration,
-        signal: i32,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
-        Box::pin(self.stop(id, timeout, signal))
+        Box::pin(self.stop(id, timeout))
     }
 
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
@@ -946,6 +989,16 @@ impl Runtime for OciRuntime {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn stop_signals_as_images_write_them() {
+        assert_eq!(super::parse_signal("SIGQUIT"), libc::SIGQUIT);
+        assert_eq!(super::parse_signal("usr1"), libc::SIGUSR1);
+        assert_eq!(super::parse_signal("9"), 9);
+        assert_eq!(super::parse_signal(""), 0);
+        assert_eq!(super::parse_signal("SIGNOPE"), 0);
+        assert_eq!(super::parse_signal("99"), 0);
+    }
+
     use super::*;
 
     #[test]
