@@ -309,6 +309,9 @@ async fn run(s: Settings) -> anyhow::Result<()> {
                 }
                 min
             },
+            objects: client.clone().map(|c| {
+                Arc::new(pods::api::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
+            }),
         },
         status_dir: s.root_dir.join("pods"),
         sources,

@@ -319,3 +319,84 @@ async fn admission_rejects_pods_that_do_not_fit() {
             .await;
     }
 }
+
+#[tokio::test]
+async fn env_reads_configmaps_and_secrets_through_the_node_authorizer() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let admin = admin().await;
+    let j = join("kl-env");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
+    let name = j.k.name.clone();
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &from_yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}-cm}}\ndata: {{greeting: hello, other: two}}\n"
+        )),
+    )
+    .await
+    .unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &from_yaml(&format!(
+                "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-s}}\nstringData: {{pw: s3cret}}\n"
+            )),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-env}}\nspec:\n  nodeName: {name}\n  restartPolicy: Never\n  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    command: [sh, -c, 'printf \"%s %s %s\" \"$G\" \"$P\" \"$X_other\" > /dev/termination-log']\n    envFrom: [{{configMapRef: {{name: {name}-cm}}, prefix: X_}}]\n    env:\n    - {{name: G, valueFrom: {{configMapKeyRef: {{name: {name}-cm, key: greeting}}}}}}\n    - {{name: P, valueFrom: {{secretKeyRef: {{name: {name}-s, key: pw}}}}}}\n"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let bad: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-badkey}}\nspec:\n  nodeName: {name}\n  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    env: [{{name: G, valueFrom: {{configMapKeyRef: {{name: {name}-cm, key: nope}}}}}}]\n"
+    ));
+    pods.create(&PostParams::default(), &bad).await.unwrap();
+    let done = wait_for("env pod Succeeded", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-env"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+    })
+    .await;
+    let t = done.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(t.message.as_deref(), Some("hello s3cret two"));
+    let waiting = wait_for(
+        "CreateContainerConfigError",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get_opt(&format!("{name}-badkey")).await.ok()??;
+            let w = p.status?.container_statuses?[0].state.clone()?.waiting?;
+            (w.reason.as_deref() == Some("CreateContainerConfigError")).then_some(w)
+        },
+    )
+    .await;
+    assert_eq!(
+        waiting.message.as_deref(),
+        Some(format!("couldn't find key nope in ConfigMap default/{name}-cm").as_str())
+    );
+    for p in ["env", "badkey"] {
+        let _ = pods
+            .delete(
+                &format!("{name}-{p}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+    let _ = cms
+        .delete(&format!("{name}-cm"), &DeleteParams::default())
+        .await;
+    let _ = secrets
+        .delete(&format!("{name}-s"), &DeleteParams::default())
+        .await;
+}

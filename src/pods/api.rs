@@ -406,3 +406,57 @@ async fn finish(client: &Client, pod: &Pod) {
         }
     }
 }
+
+/// ConfigMaps and Secrets read from the API server, as the Node authorizer
+/// allows for objects the node's pods refer to. Read at each container
+/// start (no cache: a changed object reaches the next restart).
+#[derive(Clone)]
+pub struct ApiObjects(pub Client);
+
+impl std::fmt::Debug for ApiObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiObjects")
+    }
+}
+
+impl super::convert::ObjectSource for ApiObjects {
+    fn get<'a>(
+        &'a self,
+        kind: super::convert::ObjectKind,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>> {
+        use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+        Box::pin(async move {
+            // Upstream's message for an object it could not read.
+            let failed = |e: kube::Error| format!("couldn't get {kind:?} {namespace}/{name}: {e}");
+            match kind {
+                super::convert::ObjectKind::ConfigMap => {
+                    Api::<ConfigMap>::namespaced(self.0.clone(), namespace)
+                        .get_opt(name)
+                        .await
+                        .map(|o| o.map(|cm| cm.data.unwrap_or_default()))
+                        .map_err(failed)
+                }
+                super::convert::ObjectKind::Secret => {
+                    Api::<Secret>::namespaced(self.0.clone(), namespace)
+                        .get_opt(name)
+                        .await
+                        .map(|o| {
+                            o.map(|s| {
+                                let mut data: BTreeMap<String, String> = s
+                                    .data
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                                    .collect();
+                                data.extend(s.string_data.unwrap_or_default());
+                                data
+                            })
+                        })
+                        .map_err(failed)
+                }
+            }
+        })
+    }
+}

@@ -26,6 +26,114 @@ pub struct NodeContext {
     /// The lowest OOM score adjustment kinglet may give (−1000 with
     /// CAP_SYS_RESOURCE; else its own, as the kernel allows no lower).
     pub min_oom_score_adj: i32,
+    /// ConfigMaps and Secrets, when an API server is configured.
+    pub objects: Option<std::sync::Arc<dyn ObjectSource>>,
+}
+
+/// The two kinds of object a container's environment may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjectKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ObjectKind {
+    /// As upstream names it in messages (`configmap "x" not found`).
+    fn lower(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "configmap",
+            ObjectKind::Secret => "secret",
+        }
+    }
+    fn title(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "ConfigMap",
+            ObjectKind::Secret => "Secret",
+        }
+    }
+}
+
+/// Reads ConfigMaps and Secrets (the API server, for pods that have one).
+pub trait ObjectSource: Send + Sync + std::fmt::Debug {
+    /// The object's string data (secrets decoded); `Ok(None)`: not found.
+    fn get<'a>(
+        &'a self,
+        kind: ObjectKind,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>>;
+}
+
+/// The objects a container's environment refers to, fetched before its
+/// config is built: `None` for an object that does not exist.
+#[derive(Clone, Debug, Default)]
+pub struct EnvObjects(pub BTreeMap<(ObjectKind, String), Option<BTreeMap<String, String>>>);
+
+impl EnvObjects {
+    /// What `c`'s env and envFrom refer to.
+    pub fn refs(c: &Container) -> Vec<(ObjectKind, String)> {
+        let mut out = Vec::new();
+        for e in c.env_from.iter().flatten() {
+            if let Some(r) = &e.config_map_ref {
+                out.push((ObjectKind::ConfigMap, r.name.clone()));
+            }
+            if let Some(r) = &e.secret_ref {
+                out.push((ObjectKind::Secret, r.name.clone()));
+            }
+        }
+        for e in c.env.iter().flatten() {
+            if let Some(vf) = &e.value_from {
+                if let Some(r) = &vf.config_map_key_ref {
+                    out.push((ObjectKind::ConfigMap, r.name.clone()));
+                }
+                if let Some(r) = &vf.secret_key_ref {
+                    out.push((ObjectKind::Secret, r.name.clone()));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn get(&self, kind: ObjectKind, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.0
+            .get(&(kind, name.to_string()))
+            .and_then(|o| o.as_ref())
+    }
+
+    /// One key, as upstream resolves `configMapKeyRef`/`secretKeyRef`.
+    fn key(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+        key: &str,
+        optional: bool,
+    ) -> Result<Option<String>, ConfigError> {
+        match self.get(kind, name) {
+            None if optional => Ok(None),
+            None => Err(ConfigError(format!("{} {name:?} not found", kind.lower()))),
+            Some(data) => match data.get(key) {
+                Some(v) => Ok(Some(v.clone())),
+                None if optional => Ok(None),
+                None => Err(ConfigError(format!(
+                    "couldn't find key {key} in {} {ns}/{name}",
+                    kind.title()
+                ))),
+            },
+        }
+    }
+}
+
+/// A C identifier-ish name as upstream's `IsEnvVarName` accepts:
+/// `[-._a-zA-Z][-._a-zA-Z0-9]*`.
+fn is_env_var_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || "-._".contains(c))
+        && chars.all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
 }
 
 /// What `min_oom_score_adj` is for this process.
@@ -423,9 +531,36 @@ pub fn container_config(
     c: &Container,
     attempt: u32,
     node: &NodeContext,
+    objects: &EnvObjects,
 ) -> Result<ContainerConfig, ConfigError> {
+    let (ns, _) = namespace_and_name(pod);
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     let mut ordered: Vec<(String, String)> = Vec::new();
+    // envFrom first, so that env overrides it, as upstream.
+    for ef in c.env_from.iter().flatten() {
+        let prefix = ef.prefix.clone().unwrap_or_default();
+        let (kind, name, optional) = match (&ef.config_map_ref, &ef.secret_ref) {
+            (Some(r), _) => (ObjectKind::ConfigMap, &r.name, r.optional == Some(true)),
+            (None, Some(r)) => (ObjectKind::Secret, &r.name, r.optional == Some(true)),
+            (None, None) => continue,
+        };
+        let Some(data) = objects.get(kind, name) else {
+            if optional {
+                continue;
+            }
+            return Err(ConfigError(format!("{} {name:?} not found", kind.lower())));
+        };
+        for (k, v) in data {
+            let k = format!("{prefix}{k}");
+            // Invalid names are skipped (upstream also records an event).
+            if !is_env_var_name(&k) {
+                continue;
+            }
+            env.insert(k.clone(), v.clone());
+            ordered.retain(|(o, _)| *o != k);
+            ordered.push((k, v.clone()));
+        }
+    }
     for e in c.env.iter().flatten() {
         let value = if let Some(vf) = &e.value_from {
             if let Some(f) = &vf.field_ref {
@@ -459,9 +594,25 @@ pub fn container_config(
                     None => "0".into(),
                 }
             } else if let Some(k) = &vf.config_map_key_ref {
-                return Err(ConfigError(format!("configmap {:?} not found", k.name)));
+                let got = objects.key(
+                    ObjectKind::ConfigMap,
+                    &ns,
+                    &k.name,
+                    &k.key,
+                    k.optional == Some(true),
+                )?;
+                let Some(v) = got else { continue };
+                v
             } else if let Some(k) = &vf.secret_key_ref {
-                return Err(ConfigError(format!("secret {:?} not found", k.name)));
+                let got = objects.key(
+                    ObjectKind::Secret,
+                    &ns,
+                    &k.name,
+                    &k.key,
+                    k.optional == Some(true),
+                )?;
+                let Some(v) = got else { continue };
+                v
             } else {
                 String::new()
             }
@@ -471,11 +622,6 @@ pub fn container_config(
         env.insert(e.name.clone(), value.clone());
         ordered.retain(|(k, _)| *k != e.name);
         ordered.push((e.name.clone(), value));
-    }
-    if !c.env_from.as_ref().is_none_or(|v| v.is_empty()) {
-        return Err(ConfigError(
-            "envFrom needs the API server (configmaps and secrets)".into(),
-        ));
     }
     let command = c
         .command
@@ -610,7 +756,14 @@ mod tests {
             node_ip: "192.0.2.1".into(),
             ..Default::default()
         };
-        let c = container_config(&p, &p.spec.as_ref().unwrap().containers[0], 2, &node).unwrap();
+        let c = container_config(
+            &p,
+            &p.spec.as_ref().unwrap().containers[0],
+            2,
+            &node,
+            &EnvObjects::default(),
+        )
+        .unwrap();
         assert_eq!(c.command[2], "echo hi web web $(LITERAL) $(MISSING)");
         let env: BTreeMap<_, _> = c.env.iter().cloned().collect();
         assert_eq!(env["NODE"], "pi");
@@ -631,6 +784,7 @@ mod tests {
             &p.spec.as_ref().unwrap().containers[0],
             0,
             &NodeContext::default(),
+            &EnvObjects::default(),
         )
         .unwrap_err();
         assert!(e.0.contains("configmap \"cm\" not found"), "{e:?}");
@@ -642,10 +796,53 @@ mod tests {
                 &p,
                 &p.spec.as_ref().unwrap().containers[0],
                 0,
-                &NodeContext::default()
+                &NodeContext::default(),
+                &EnvObjects::default()
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn env_from_configmaps_and_secrets() {
+        let p = pod(&format!(
+            "{BASE}spec:\n  containers:\n  - name: a\n    image: x\n    envFrom:\n    - {{configMapRef: {{name: cm}}, prefix: CM_}}\n    - {{secretRef: {{name: gone, optional: true}}}}\n    env:\n    - {{name: CM_a, value: overridden}}\n    - {{name: PW, valueFrom: {{secretKeyRef: {{name: s, key: pw}}}}}}\n    - {{name: OPT, valueFrom: {{configMapKeyRef: {{name: cm, key: nokey, optional: true}}}}}}\n    - {{name: REF, value: '$(CM_b)'}}\n"
+        ));
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        assert_eq!(
+            EnvObjects::refs(c),
+            vec![
+                (ObjectKind::ConfigMap, "cm".to_string()),
+                (ObjectKind::Secret, "gone".to_string()),
+                (ObjectKind::Secret, "s".to_string())
+            ]
+        );
+        let data = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        let mut objs = EnvObjects::default();
+        objs.0.insert(
+            (ObjectKind::ConfigMap, "cm".into()),
+            data(&[("a", "1"), ("b", "2"), ("bad key", "x")]),
+        );
+        objs.0.insert((ObjectKind::Secret, "gone".into()), None);
+        objs.0
+            .insert((ObjectKind::Secret, "s".into()), data(&[("pw", "hunter2")]));
+        let cfg = container_config(&p, c, 0, &NodeContext::default(), &objs).unwrap();
+        let env: BTreeMap<_, _> = cfg.env.iter().cloned().collect();
+        assert_eq!(env["CM_a"], "overridden");
+        assert_eq!(env["CM_b"], "2");
+        assert_eq!(env["PW"], "hunter2");
+        assert_eq!(env["REF"], "2");
+        assert!(!env.contains_key("OPT") && !env.contains_key("CM_bad key"));
+        objs.0
+            .insert((ObjectKind::Secret, "s".into()), data(&[("other", "x")]));
+        let e = container_config(&p, c, 0, &NodeContext::default(), &objs).unwrap_err();
+        assert_eq!(e.0, "couldn't find key pw in Secret edge/s");
     }
 
     #[test]

@@ -316,7 +316,17 @@ impl Worker {
             self.waiting.insert(c.name.clone(), w);
             return;
         }
-        let cfg = match convert::container_config(pod, c, attempt, &self.node) {
+        let objects = match self.env_objects(pod, c).await {
+            Ok(o) => o,
+            Err(e) => {
+                self.event(pod, "Warning", "Failed", format!("Error: {e}"))
+                    .await;
+                self.waiting
+                    .insert(c.name.clone(), ("CreateContainerConfigError".into(), e));
+                return;
+            }
+        };
+        let cfg = match convert::container_config(pod, c, attempt, &self.node, &objects) {
             Ok(cfg) => cfg,
             Err(e) => {
                 self.event(pod, "Warning", "Failed", format!("Error: {}", e.0))
@@ -604,6 +614,26 @@ impl Worker {
         self.report(pod, current, true).await;
         // Soon after starting something, look again (the relist also will).
         wake
+    }
+
+    /// Fetches the ConfigMaps and Secrets `c`'s environment reads.
+    async fn env_objects(&self, pod: &Pod, c: &Container) -> Result<convert::EnvObjects, String> {
+        let mut out = convert::EnvObjects::default();
+        let refs = convert::EnvObjects::refs(c);
+        if refs.is_empty() {
+            return Ok(out);
+        }
+        let (ns, _) = convert::namespace_and_name(pod);
+        for (kind, name) in refs {
+            // Without an API server nothing can be found: optional
+            // references are skipped, the others fail as not found.
+            let got = match &self.node.objects {
+                Some(src) => src.get(kind, &ns, &name).await?,
+                None => None,
+            };
+            out.0.insert((kind, name), got);
+        }
+        Ok(out)
     }
 
     /// Fills the message of containers that failed without writing their
