@@ -26,6 +26,9 @@ use tracing::{error, info, warn};
 
 use config::flags::{Flags, KUBERNETES_VERSION, RuntimeKind, Settings};
 
+/// Upstream's default `containerRuntimeEndpoint`.
+const DEFAULT_CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
     // Namespaces and the monitor need a process without threads.
@@ -186,56 +189,52 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&s.root_dir)
         .with_context(|| format!("cannot create root dir {}", s.root_dir.display()))?;
 
-    if s.runtime == RuntimeKind::Cri {
-        anyhow::bail!(
-            "--runtime cri: the containerd (CRI) runtime is not part of this build yet; use --runtime oci"
-        );
-    }
     let shutdown = CancellationToken::new();
     let cfg = &s.config;
     let mut tasks = Vec::new();
+    let log_max_size = config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20);
+    let log_max_files = cfg.container_log_max_files.max(2) as u32;
 
     let store = images::open_store(&s.root_dir)?;
-    // A bad registry configuration is a start-up error, like a bad config.
-    let puller = Arc::new(images::puller(store.clone(), &s.registry_config)?);
-    let mut oci = kinglet_runtime_oci::OciRuntime::new(
-        s.root_dir.join("runtime/oci"),
-        "/sys/fs/cgroup",
-        puller,
-    )
-    .with_log_rotation(
-        // Validated at load.
-        config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20),
-        cfg.container_log_max_files.max(2) as u32,
-    );
-    if !s.cni_conf_dir.as_os_str().is_empty() {
-        let cni = kinglet_runtime_oci::network::Cni {
-            conf_dir: s.cni_conf_dir.clone(),
-            bin_dirs: s.cni_bin_dirs.clone(),
-            cache_dir: s.root_dir.join("cni/results"),
-        };
-        let default = kinglet_runtime_oci::network::default_conflist(
-            "kinglet0",
-            "10.88.0.0/16",
-            &s.root_dir.join("cni/networks"),
-        );
-        match cni.install_default(&default) {
-            Ok(true) => {
-                info!(dir = %s.cni_conf_dir.display(), "installed the default CNI conflist (bridge kinglet0, 10.88.0.0/16)")
-            }
-            Ok(false) => {}
-            Err(e) => {
-                warn!(dir = %s.cni_conf_dir.display(), error = %e, "cannot install the default CNI conflist")
-            }
+    let (runtime, id_scheme): (Arc<dyn Runtime>, String) = match s.runtime {
+        RuntimeKind::Oci => (
+            start_oci(&s, store.clone(), log_max_size, log_max_files).await?,
+            format!("{}://", kinglet_runtime_oci::RUNTIME_NAME),
+        ),
+        RuntimeKind::Cri => {
+            let endpoint = if cfg.container_runtime_endpoint.is_empty() {
+                DEFAULT_CRI_ENDPOINT
+            } else {
+                cfg.container_runtime_endpoint.as_str()
+            };
+            let cri = Arc::new(
+                kinglet_runtime_cri::CriRuntime::new(
+                    endpoint,
+                    s.root_dir.join("runtime/cri"),
+                    "/sys/fs/cgroup",
+                )
+                .context("--container-runtime-endpoint")?,
+            );
+            // Container IDs are `<runtime name>://<id>`; the name comes
+            // from Version, or the endpoint while the runtime is down.
+            let name = match tokio::time::timeout(Duration::from_secs(3), cri.version()).await {
+                Ok(Ok(v)) => v.runtime_name,
+                _ if endpoint.contains("crio") => "cri-o".into(),
+                _ => "containerd".into(),
+            };
+            info!(endpoint, runtime = %name, "pods run through CRI");
+            let (c, stop) = (cri.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                c.watch_events(stop.cancelled_owned()).await
+            }));
+            let (c, stop) = (cri.clone(), shutdown.clone());
+            tasks.push(tokio::spawn(async move {
+                c.rotate_logs(log_max_size, log_max_files, stop.cancelled_owned())
+                    .await
+            }));
+            (cri as Arc<dyn Runtime>, format!("{name}://"))
         }
-        oci = oci.with_cni(cni);
-    }
-    let exe = std::env::current_exe().context("cannot find kinglet's own executable")?;
-    if let Err(e) = oci.start_monitor(&exe).await {
-        // The node reports NotReady with the reason until it answers.
-        warn!(error = %e, "the container monitor did not start");
-    }
-    let runtime: Arc<dyn Runtime> = Arc::new(oci);
+    };
 
     let client = match &s.kubeconfig {
         Some(path) => {
@@ -309,6 +308,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
                 }
                 min
             },
+            container_id_scheme: id_scheme,
             objects: client.clone().map(|c| {
                 Arc::new(pods::api::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
             }),
@@ -342,18 +342,22 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     };
     tasks.push(tokio::spawn(manager.run(pod_rx, shutdown.clone())));
     drop(pod_tx);
-    tasks.push(tokio::spawn(images::watch_import_dir(
-        store.clone(),
-        s.import_dir.clone(),
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(images::gc_loop(
-        store.clone(),
-        cfg.image_gc_high_threshold_percent as u8,
-        cfg.image_gc_low_threshold_percent as u8,
-        cfg.image_minimum_gc_age.0,
-        shutdown.clone(),
-    )));
+    // kinglet's image store serves the in-process runtime; a CRI runtime
+    // keeps (and imports, and collects) its own images.
+    if s.runtime == RuntimeKind::Oci {
+        tasks.push(tokio::spawn(images::watch_import_dir(
+            store.clone(),
+            s.import_dir.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(images::gc_loop(
+            store.clone(),
+            cfg.image_gc_high_threshold_percent as u8,
+            cfg.image_gc_low_threshold_percent as u8,
+            cfg.image_minimum_gc_age.0,
+            shutdown.clone(),
+        )));
+    }
     let update = cfg.node_status_update_frequency.0;
     let heartbeat = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
 
@@ -470,4 +474,50 @@ fn notify_systemd(state: &str) {
     if let Err(e) = result {
         warn!(error = %e, "cannot notify systemd");
     }
+}
+
+/// The in-process runtime: images from kinglet's store, CNI, and the
+/// container monitor started (or found running).
+async fn start_oci(
+    s: &config::flags::Settings,
+    store: Arc<kinglet_runtime_oci::images::ImageStore>,
+    log_max_size: u64,
+    log_max_files: u32,
+) -> anyhow::Result<Arc<dyn Runtime>> {
+    // A bad registry configuration is a start-up error, like a bad config.
+    let puller = Arc::new(images::puller(store, &s.registry_config)?);
+    let mut oci = kinglet_runtime_oci::OciRuntime::new(
+        s.root_dir.join("runtime/oci"),
+        "/sys/fs/cgroup",
+        puller,
+    )
+    .with_log_rotation(log_max_size, log_max_files);
+    if !s.cni_conf_dir.as_os_str().is_empty() {
+        let cni = kinglet_runtime_oci::network::Cni {
+            conf_dir: s.cni_conf_dir.clone(),
+            bin_dirs: s.cni_bin_dirs.clone(),
+            cache_dir: s.root_dir.join("cni/results"),
+        };
+        let default = kinglet_runtime_oci::network::default_conflist(
+            "kinglet0",
+            "10.88.0.0/16",
+            &s.root_dir.join("cni/networks"),
+        );
+        match cni.install_default(&default) {
+            Ok(true) => {
+                info!(dir = %s.cni_conf_dir.display(), "installed the default CNI conflist (bridge kinglet0, 10.88.0.0/16)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(dir = %s.cni_conf_dir.display(), error = %e, "cannot install the default CNI conflist")
+            }
+        }
+        oci = oci.with_cni(cni);
+    }
+    let exe = std::env::current_exe().context("cannot find kinglet's own executable")?;
+    if let Err(e) = oci.start_monitor(&exe).await {
+        // The node reports NotReady with the reason until it answers.
+        warn!(error = %e, "the container monitor did not start");
+    }
+    Ok(Arc::new(oci))
 }

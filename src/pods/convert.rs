@@ -26,6 +26,8 @@ pub struct NodeContext {
     /// The lowest OOM score adjustment kinglet may give (−1000 with
     /// CAP_SYS_RESOURCE; else its own, as the kernel allows no lower).
     pub min_oom_score_adj: i32,
+    /// `<runtime>://`, the prefix of container IDs in pod statuses.
+    pub container_id_scheme: String,
     /// ConfigMaps and Secrets, when an API server is configured.
     pub objects: Option<std::sync::Arc<dyn ObjectSource>>,
 }
@@ -345,6 +347,12 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
         resolv_conf: resolv,
         hosts,
         port_mappings: port_mappings(&spec),
+        sysctls: spec
+            .security_context
+            .iter()
+            .flat_map(|sc| sc.sysctls.iter().flatten())
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect(),
     }
 }
 

@@ -90,6 +90,8 @@ impl PodManager {
         // The relist: once a second, as upstream's generic PLEG.
         let mut relist = tokio::time::interval(Duration::from_secs(1));
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Runtimes that stream container events wake the relist at once.
+        let changes = self.runtime.changes();
         let mut by_pod: HashMap<String, Vec<ContainerStatus>> = HashMap::new();
         // Know what already runs before the first snapshot is admitted, so
         // a restart never rejects a running pod.
@@ -173,7 +175,17 @@ impl PodManager {
                         self.remove_orphans(&desired.keys().cloned().collect()).await;
                     }
                 }
-                _ = relist.tick() => {
+                _ = async {
+                    tokio::select! {
+                        _ = relist.tick() => {}
+                        _ = async {
+                            match &changes {
+                                Some(n) => n.notified().await,
+                                None => std::future::pending().await,
+                            }
+                        } => {}
+                    }
+                } => {
                     match self.runtime.list_containers().await {
                         Ok(all) => {
                             let mut grouped: HashMap<String, Vec<ContainerStatus>> = HashMap::new();

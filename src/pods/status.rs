@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus};
 
-pub const CONTAINER_ID_PREFIX: &str = "kinglet-oci://";
 
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
@@ -29,7 +28,7 @@ pub fn attempts<'a>(containers: &'a [ContainerStatus], name: &str) -> Vec<&'a Co
     v
 }
 
-fn terminated(c: &ContainerStatus) -> KState {
+fn terminated(c: &ContainerStatus, scheme: &str) -> KState {
     KState {
         terminated: Some(ContainerStateTerminated {
             exit_code: c.exit_code,
@@ -37,7 +36,7 @@ fn terminated(c: &ContainerStatus) -> KState {
             message: Some(c.message.clone()).filter(|m| !m.is_empty()),
             started_at: time(c.started_at),
             finished_at: time(c.finished_at),
-            container_id: Some(format!("{CONTAINER_ID_PREFIX}{}", c.id)),
+            container_id: Some(format!("{scheme}{}", c.id)),
             signal: None,
         }),
         ..Default::default()
@@ -61,6 +60,7 @@ fn container_status(
     image: &str,
     all: &[ContainerStatus],
     waiting: Option<&(String, String)>,
+    scheme: &str,
 ) -> KStatus {
     let tries = attempts(all, name);
     let latest = tries.first();
@@ -70,7 +70,7 @@ fn container_status(
             None,
         ),
         Some(c) => {
-            let prev = tries.get(1).map(|p| terminated(p));
+            let prev = tries.get(1).map(|p| terminated(p, scheme));
             match c.state {
                 ContainerState::Running => (
                     KState {
@@ -83,9 +83,9 @@ fn container_status(
                 ),
                 ContainerState::Exited if waiting.is_some() => (
                     waiting_state(waiting.map(|w| w.0.as_str()), waiting.map(|w| w.1.as_str())),
-                    Some(terminated(c)),
+                    Some(terminated(c, scheme)),
                 ),
-                ContainerState::Exited => (terminated(c), prev),
+                ContainerState::Exited => (terminated(c, scheme), prev),
                 _ => (waiting_state(waiting.map(|w| w.0.as_str()), None), prev),
             }
         }
@@ -95,7 +95,7 @@ fn container_status(
         name: name.into(),
         image: latest.map_or(image.into(), |c| c.image.clone()),
         image_id: latest.map_or(String::new(), |c| c.image_ref.clone()),
-        container_id: latest.map(|c| format!("{CONTAINER_ID_PREFIX}{}", c.id)),
+        container_id: latest.map(|c| format!("{scheme}{}", c.id)),
         restart_count: latest.map_or(0, |c| c.attempt as i32),
         ready: running,
         started: Some(running),
@@ -132,6 +132,7 @@ pub fn pod_status(
     host_ip: &str,
     pod_ip: &str,
     start_time: &Time,
+    scheme: &str,
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec
@@ -144,6 +145,7 @@ pub fn pod_status(
             c.image.as_deref().unwrap_or(""),
             containers,
             waiting.get(&c.name),
+            scheme,
         )
     };
     let inits: Vec<KStatus> = spec

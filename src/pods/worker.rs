@@ -515,11 +515,36 @@ impl Worker {
     async fn sync_inner(&mut self, pod: &Pod, current: &[ContainerStatus]) -> Option<Duration> {
         let sb = convert::sandbox_config(pod, &self.node);
         if self.sandbox.is_none() {
-            let existing = self.runtime.list_pod_sandboxes().await.unwrap_or_default();
-            self.sandbox = existing
+            // Never make a second sandbox because the runtime could not say
+            // whether one exists.
+            let existing = match self.runtime.list_pod_sandboxes().await {
+                Ok(e) => e,
+                Err(e) => {
+                    warn!(pod = %pod_name(pod), error = %e, "cannot list pod sandboxes");
+                    self.report(pod, current, false).await;
+                    return Some(Duration::from_secs(5));
+                }
+            };
+            let (ready, dead): (Vec<_>, Vec<_>) = existing
                 .into_iter()
-                .find(|s| s.pod_uid == self.uid)
-                .map(|s| s.id);
+                .filter(|s| s.pod_uid == self.uid)
+                .partition(|s| s.ready);
+            // A sandbox that is no longer ready (its pause process died, the
+            // machine rebooted) is replaced, as upstream does.
+            for s in dead {
+                for c in current.iter().filter(|c| {
+                    c.sandbox_id == s.id && c.state == ContainerState::Running
+                }) {
+                    let _ = self.runtime.stop_container(&c.id, Duration::ZERO).await;
+                }
+                if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await {
+                    warn!(pod = %pod_name(pod), sandbox = %s.id, error = %e, "cannot remove a dead sandbox");
+                }
+            }
+            if let Some(s) = ready.into_iter().next() {
+                self.pod_ip = s.ip;
+                self.sandbox = Some(s.id);
+            }
         }
         if let Err(e) = convert::prepare_volumes(pod, &self.node) {
             self.event(pod, "Warning", "FailedMount", e.0.clone()).await;
@@ -692,6 +717,7 @@ impl Worker {
             &self.node.node_ip,
             &pod_ip,
             &self.start_time,
+            &self.node.container_id_scheme,
         );
         if self.deadline_exceeded {
             st.phase = Some("Failed".into());

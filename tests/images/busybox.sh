@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Builds, offline, an OCI archive of a busybox image from Debian's
 # busybox-static with umoci and skopeo (real tools, no registry):
-#   busybox.sh OUT.tar [NAME [STOPSIGNAL]]
-# (NAME defaults to kinglet.test/busybox:1; no STOPSIGNAL by default)
+#   busybox.sh OUT.tar [NAME [STOPSIGNAL [CMD...]]]
+# (NAME defaults to kinglet.test/busybox:1; no STOPSIGNAL by default, "" for
+# none; CMD defaults to /bin/sh)
 set -euo pipefail
 out=${1:?usage: busybox.sh OUT.tar [NAME]}
 name=${2:-kinglet.test/busybox:1}
 stopsignal=${3:-}
+shift $(( $# < 3 ? $# : 3 ))
+cmd=("$@")
+[ ${#cmd[@]} -gt 0 ] || cmd=(/bin/sh)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 umoci init --layout "$work/layout"
@@ -20,7 +24,9 @@ done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$work/bundle/rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$work/bundle/rootfs/etc/group"
 umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
-umoci config --image "$work/layout:img" --config.cmd /bin/sh --config.env PATH=/bin
+cmd_flags=()
+for c in "${cmd[@]}"; do cmd_flags+=(--config.cmd "$c"); done
+umoci config --image "$work/layout:img" "${cmd_flags[@]}" --config.env PATH=/bin
 if [ -n "$stopsignal" ]; then
   umoci config --image "$work/layout:img" --config.stopsignal "$stopsignal"
 fi

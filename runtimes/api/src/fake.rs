@@ -86,6 +86,7 @@ impl FakeRuntime {
                 id: format!("sha256:{:064}", name.len()),
                 repo_digests: vec![],
                 size: 1,
+                ..Default::default()
             },
         );
     }

@@ -25,6 +25,13 @@ pub enum RuntimeError {
     /// Anything else the runtime reported.
     #[error("container runtime error: {0}")]
     Other(String),
+    /// A CRI call this runtime does not offer.
+    #[error("{0} is not supported by this container runtime")]
+    Unsupported(&'static str),
+}
+
+fn unsupported<'a, T: Send + 'a>(call: &'static str) -> BoxFuture<'a, Result<T, RuntimeError>> {
+    Box::pin(async move { Err(RuntimeError::Unsupported(call)) })
 }
 
 /// What CRI's `Version` answers.
@@ -100,6 +107,8 @@ pub struct SandboxConfig {
     pub hosts: String,
     /// `hostPort`s of the pod's containers (CRI `PortMapping`).
     pub port_mappings: Vec<PortMapping>,
+    /// The pod's `securityContext.sysctls`.
+    pub sysctls: Vec<(String, String)>,
 }
 
 /// One `hostPort` of a container: traffic to `host_ip:host_port` goes to
@@ -205,11 +214,40 @@ pub struct SandboxStatus {
 }
 
 /// An image as the runtime reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageInfo {
     pub id: String,
+    pub repo_tags: Vec<String>,
     pub repo_digests: Vec<String>,
     pub size: u64,
+}
+
+/// Usage of the filesystem images live on (CRI `ImageFsInfo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub mountpoint: String,
+    pub used_bytes: u64,
+    pub inodes_used: u64,
+}
+
+/// What CRI's `ExecSync` answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Resource usage of a container or a pod sandbox (CRI stats, the parts
+/// eviction and `/stats` need).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Container or sandbox ID.
+    pub id: String,
+    pub pod_uid: String,
+    /// Cumulative CPU time.
+    pub cpu_usage_core_nanos: u64,
+    pub memory_working_set_bytes: u64,
 }
 
 /// Credentials for one pull.
@@ -274,4 +312,39 @@ pub trait Runtime: Send + Sync {
         &'a self,
         image: &'a str,
     ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>>;
+
+    /// CRI `ListImages` (for image GC).
+    fn list_images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, RuntimeError>> {
+        unsupported("ListImages")
+    }
+    /// CRI `RemoveImage`.
+    fn remove_image<'a>(&'a self, _image: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        unsupported("RemoveImage")
+    }
+    /// CRI `ImageFsInfo` (for image GC and disk eviction).
+    fn image_fs_info(&self) -> BoxFuture<'_, Result<Vec<FsUsage>, RuntimeError>> {
+        unsupported("ImageFsInfo")
+    }
+    /// CRI `ExecSync` (for exec probes).
+    fn exec_sync<'a>(
+        &'a self,
+        _id: &'a str,
+        _cmd: &'a [String],
+        _timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<ExecResult, RuntimeError>> {
+        unsupported("ExecSync")
+    }
+    /// CRI `ListContainerStats`.
+    fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        unsupported("ListContainerStats")
+    }
+    /// CRI `ListPodSandboxStats`.
+    fn pod_sandbox_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        unsupported("ListPodSandboxStats")
+    }
+    /// Signalled when containers change, where the runtime can tell (CRI's
+    /// `GetContainerEvents`); the periodic relist stays as the safety net.
+    fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
 }

@@ -952,6 +952,7 @@ impl Runtime for OciRuntime {
                     id: r.id,
                     repo_digests: r.repo_digests.into_iter().collect(),
                     size: r.size,
+                    ..Default::default()
                 }),
                 Err(e) => Err(ImageFailure {
                     reason: e.reason().into(),
@@ -982,6 +983,7 @@ impl Runtime for OciRuntime {
                 id: r.id.clone(),
                 repo_digests: r.repo_digests.iter().cloned().collect(),
                 size: r.size,
+                ..Default::default()
             }))
         })
     }

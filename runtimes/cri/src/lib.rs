@@ -1,0 +1,1164 @@
+//! kinglet's CRI runtime: a tonic client of CRI's `runtime.v1`
+//! RuntimeService and ImageService over a unix socket (containerd's), behind
+//! the same [`Runtime`] trait as the in-process runtime, so the pod
+//! lifecycle drives either unchanged.
+//!
+//! What CRI leaves to the kubelet is done here, as upstream's
+//! `kuberuntime` does: the pod's `/etc/hosts` and termination-message files
+//! (kept under this runtime's state dir and mounted into containers), pod
+//! cgroups removed with their sandbox, container log rotation through
+//! `ReopenContainerLog`, and the PLEG's change detection (`GetContainerEvents`
+//! where the runtime streams them; the relist otherwise).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use kinglet_runtime::{
+    BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ExecResult,
+    FsUsage, ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError,
+    RuntimeStatus, RuntimeVersion, SandboxConfig, SandboxStatus, Usage,
+};
+use tokio::sync::Notify;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info};
+
+pub mod logs;
+
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("runtime.v1");
+}
+
+use proto::image_service_client::ImageServiceClient;
+use proto::runtime_service_client::RuntimeServiceClient;
+
+/// The labels upstream's kubelet puts on sandboxes and containers; other
+/// CRI clients (crictl, kubelet tooling) read them.
+const POD_NAME: &str = "io.kubernetes.pod.name";
+const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+const POD_UID: &str = "io.kubernetes.pod.uid";
+const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// Where kinglet keeps a container's termination message on the host.
+const TERMINATION_FILE: &str = "io.kinglet.termination-message-file";
+
+/// Upstream's default `runtimeRequestTimeout`.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Status and Version answer fast or the runtime counts as down.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Errors setting the client up.
+#[derive(Debug, thiserror::Error)]
+pub enum CriError {
+    #[error("container runtime endpoint {0:?}: only unix:// endpoints are supported")]
+    Endpoint(String),
+}
+
+/// A container's status, fetched once per state it is seen in: the list
+/// says when it changed.
+#[derive(Clone)]
+struct Cached {
+    state: i32,
+    status: ContainerStatus,
+}
+
+/// The CRI runtime.
+pub struct CriRuntime {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+    /// Per-pod files kinglet owns: `pods/<uid>/etc-hosts` and termination
+    /// message files.
+    dir: PathBuf,
+    cgroup_root: PathBuf,
+    statuses: Mutex<HashMap<String, Cached>>,
+    sandbox_ips: Mutex<HashMap<String, Option<String>>>,
+    changes: Arc<Notify>,
+}
+
+fn status_err(call: &str, s: tonic::Status) -> RuntimeError {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+            RuntimeError::Unavailable(format!("{call}: {}", s.message()))
+        }
+        tonic::Code::Unknown if s.message().contains("transport") => {
+            RuntimeError::Unavailable(format!("{call}: {}", s.message()))
+        }
+        _ => RuntimeError::Other(format!("{call}: {}", s.message())),
+    }
+}
+
+fn request<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+/// The socket path of a `unix://` endpoint (a bare path is accepted too,
+/// as upstream does with a deprecation warning).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
+    match endpoint.strip_prefix("unix://") {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        None if endpoint.starts_with('/') => Ok(PathBuf::from(endpoint)),
+        _ => Err(CriError::Endpoint(endpoint.into())),
+    }
+}
+
+impl CriRuntime {
+    /// A client of the runtime at `endpoint` (`unix:///run/containerd/containerd.sock`).
+    /// Nothing is dialled yet: a runtime that is absent now is reported by
+    /// `status` until it answers, and the channel reconnects by itself after
+    /// the runtime restarts.
+    pub fn new(
+        endpoint: &str,
+        dir: impl Into<PathBuf>,
+        cgroup_root: impl Into<PathBuf>,
+    ) -> Result<Self, CriError> {
+        let path = socket_path(endpoint)?;
+        let channel = Endpoint::from_static("http://localhost")
+            .connect_timeout(Duration::from_secs(2))
+            .connect_with_connector_lazy(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }));
+        Ok(CriRuntime {
+            runtime: RuntimeServiceClient::new(channel.clone())
+                .max_decoding_message_size(16 << 20),
+            images: ImageServiceClient::new(channel).max_decoding_message_size(16 << 20),
+            dir: dir.into(),
+            cgroup_root: cgroup_root.into(),
+            statuses: Mutex::new(HashMap::new()),
+            sandbox_ips: Mutex::new(HashMap::new()),
+            changes: Arc::new(Notify::new()),
+        })
+    }
+
+    fn rt(&self) -> RuntimeServiceClient<Channel> {
+        self.runtime.clone()
+    }
+
+    fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.dir.join("pods").join(uid)
+    }
+
+    /// Streams container events and wakes the pod manager on each; returns
+    /// when the runtime does not offer them (containerd before 1.7), which
+    /// leaves the one-second relist to find changes, as upstream's generic
+    /// PLEG does.
+    pub async fn watch_events(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut delay = Duration::from_secs(1);
+        loop {
+            let mut client = self.rt();
+            let stream = tokio::select! {
+                _ = &mut shutdown => return,
+                r = client.get_container_events(proto::GetEventsRequest {}) => r,
+            };
+            match stream {
+                Ok(s) => {
+                    info!("container runtime streams container events");
+                    delay = Duration::from_secs(1);
+                    let mut s = s.into_inner();
+                    loop {
+                        tokio::select! {
+                            _ = &mut shutdown => return,
+                            m = s.message() => match m {
+                                Ok(Some(e)) => {
+                                    debug!(container = %e.container_id, kind = e.container_event_type, "container event");
+                                    self.changes.notify_one();
+                                }
+                                Ok(None) | Err(_) => break,
+                            }
+                        }
+                    }
+                }
+                Err(s) if s.code() == tonic::Code::Unimplemented => {
+                    info!(
+                        "container runtime has no container events: relisting every second"
+                    );
+                    return;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    /// Removes what is left of a pod's cgroups (CRI runtimes remove only
+    /// their containers' cgroups; the pod level is the kubelet's).
+    fn remove_pod_cgroup(&self, parent: &str) {
+        let parent = parent.trim_start_matches('/');
+        if parent.is_empty() {
+            return;
+        }
+        let _ = std::fs::remove_dir(self.cgroup_root.join(parent));
+        for e in std::fs::read_dir(&self.cgroup_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let _ = std::fs::remove_dir(e.path().join(parent));
+        }
+    }
+
+    async fn fetch_status(&self, id: &str) -> Result<proto::ContainerStatus, RuntimeError> {
+        self.rt()
+            .container_status(request(
+                proto::ContainerStatusRequest {
+                    container_id: id.into(),
+                    verbose: false,
+                },
+                REQUEST_TIMEOUT,
+            ))
+            .await
+            .map_err(|e| status_err("ContainerStatus", e))?
+            .into_inner()
+            .status
+            .ok_or_else(|| RuntimeError::Other(format!("ContainerStatus {id}: empty answer")))
+    }
+
+    async fn sandbox_ip(&self, id: &str) -> Option<String> {
+        if let Some(ip) = self.sandbox_ips.lock().ok()?.get(id) {
+            return ip.clone();
+        }
+        let st = self
+            .rt()
+            .pod_sandbox_status(request(
+                proto::PodSandboxStatusRequest {
+                    pod_sandbox_id: id.into(),
+                    verbose: false,
+                },
+                REQUEST_TIMEOUT,
+            ))
+            .await
+            .ok()?
+            .into_inner()
+            .status?;
+        let ip = st
+            .network
+            .map(|n| n.ip)
+            .filter(|ip| !ip.is_empty());
+        if let Ok(mut m) = self.sandbox_ips.lock() {
+            m.insert(id.into(), ip.clone());
+        }
+        ip
+    }
+}
+
+/// `nameserver`/`search`/`options` lines of the pod's resolv.conf as CRI's
+/// `DNSConfig`.
+fn dns_config(resolv: &str) -> proto::DnsConfig {
+    let mut d = proto::DnsConfig::default();
+    for line in resolv.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => d.servers.extend(words.map(String::from)),
+            Some("search") => d.searches.extend(words.map(String::from)),
+            Some("options") => d.options.extend(words.map(String::from)),
+            _ => {}
+        }
+    }
+    d
+}
+
+fn ns_mode(host: bool, private: proto::NamespaceMode) -> i32 {
+    if host {
+        proto::NamespaceMode::Node as i32
+    } else {
+        private as i32
+    }
+}
+
+fn namespace_options(cfg: &SandboxConfig) -> proto::NamespaceOption {
+    proto::NamespaceOption {
+        network: ns_mode(cfg.host_network, proto::NamespaceMode::Pod),
+        // Upstream shares a pod's PID namespace only with
+        // shareProcessNamespace; kinglet does not offer it yet.
+        pid: ns_mode(cfg.host_pid, proto::NamespaceMode::Container),
+        ipc: ns_mode(cfg.host_ipc, proto::NamespaceMode::Pod),
+        ..Default::default()
+    }
+}
+
+fn pod_labels(cfg: &SandboxConfig) -> HashMap<String, String> {
+    HashMap::from([
+        (POD_NAME.into(), cfg.pod_name.clone()),
+        (POD_NAMESPACE.into(), cfg.namespace.clone()),
+        (POD_UID.into(), cfg.pod_uid.clone()),
+    ])
+}
+
+/// The CRI `PodSandboxConfig` of a pod, as upstream's
+/// `generatePodSandboxConfig` builds it.
+fn sandbox_config(cfg: &SandboxConfig) -> proto::PodSandboxConfig {
+    proto::PodSandboxConfig {
+        metadata: Some(proto::PodSandboxMetadata {
+            name: cfg.pod_name.clone(),
+            uid: cfg.pod_uid.clone(),
+            namespace: cfg.namespace.clone(),
+            attempt: 0,
+        }),
+        hostname: if cfg.host_network {
+            String::new()
+        } else {
+            cfg.hostname.clone()
+        },
+        log_directory: cfg.log_directory.clone(),
+        dns_config: Some(dns_config(&cfg.resolv_conf)),
+        port_mappings: cfg
+            .port_mappings
+            .iter()
+            .map(|p| proto::PortMapping {
+                protocol: match p.protocol.as_str() {
+                    "udp" => proto::Protocol::Udp as i32,
+                    "sctp" => proto::Protocol::Sctp as i32,
+                    _ => proto::Protocol::Tcp as i32,
+                },
+                container_port: p.container_port,
+                host_port: p.host_port,
+                host_ip: p.host_ip.clone(),
+            })
+            .collect(),
+        labels: pod_labels(cfg),
+        annotations: HashMap::new(),
+        linux: Some(proto::LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{}", cfg.cgroup_parent.trim_start_matches('/')),
+            security_context: Some(proto::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespace_options(cfg)),
+                ..Default::default()
+            }),
+            sysctls: cfg.sysctls.iter().cloned().collect(),
+            ..Default::default()
+        }),
+        windows: None,
+    }
+}
+
+fn unix_nanos_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn convert_status(s: proto::ContainerStatus, pod_uid: String, sandbox_id: String) -> ContainerStatus {
+    let state = match proto::ContainerState::try_from(s.state) {
+        Ok(proto::ContainerState::ContainerCreated) => ContainerState::Created,
+        Ok(proto::ContainerState::ContainerRunning) => ContainerState::Running,
+        Ok(proto::ContainerState::ContainerExited) => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    };
+    let message = s
+        .annotations
+        .get(TERMINATION_FILE)
+        .filter(|_| state == ContainerState::Exited)
+        .and_then(|p| std::fs::read(p).ok())
+        .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
+        .filter(|m| !m.is_empty())
+        .unwrap_or(s.message);
+    let meta = s.metadata.unwrap_or_default();
+    ContainerStatus {
+        id: s.id,
+        sandbox_id,
+        pod_uid,
+        name: meta.name,
+        attempt: meta.attempt,
+        image: s.image.map(|i| i.image).unwrap_or_default(),
+        image_id: if s.image_id.is_empty() {
+            s.image_ref.clone()
+        } else {
+            s.image_id
+        },
+        image_ref: s.image_ref,
+        state,
+        created_at: s.created_at,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        exit_code: s.exit_code,
+        reason: s.reason,
+        message,
+        log_path: s.log_path,
+        pid: 0,
+    }
+}
+
+fn image_failure(image: &str, s: tonic::Status) -> ImageFailure {
+    let msg = s.message().to_string();
+    // containerd checks references with the same grammar upstream's kubelet
+    // checks before pulling.
+    let reason = if msg.contains("invalid reference format") {
+        "InvalidImageName"
+    } else {
+        "ErrImagePull"
+    };
+    ImageFailure {
+        reason: reason.into(),
+        message: if reason == "InvalidImageName" {
+            format!("Failed to apply default image tag {image:?}: {msg}")
+        } else {
+            msg
+        },
+    }
+}
+
+fn image_info(i: proto::Image) -> ImageInfo {
+    ImageInfo {
+        id: i.id,
+        repo_tags: i.repo_tags,
+        repo_digests: i.repo_digests,
+        size: i.size,
+    }
+}
+
+impl Runtime for CriRuntime {
+    fn version(&self) -> BoxFuture<'_, Result<RuntimeVersion, RuntimeError>> {
+        Box::pin(async move {
+            let v = self
+                .rt()
+                .version(request(
+                    proto::VersionRequest {
+                        version: "v1".into(),
+                    },
+                    STATUS_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("Version", e))?
+                .into_inner();
+            Ok(RuntimeVersion {
+                runtime_name: v.runtime_name,
+                runtime_version: v.runtime_version,
+                runtime_api_version: v.runtime_api_version,
+            })
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>> {
+        Box::pin(async move {
+            let st = self
+                .rt()
+                .status(request(
+                    proto::StatusRequest { verbose: false },
+                    STATUS_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("Status", e))?
+                .into_inner()
+                .status
+                .unwrap_or_default();
+            Ok(RuntimeStatus {
+                conditions: st
+                    .conditions
+                    .into_iter()
+                    .filter_map(|c| {
+                        let kind = match c.r#type.as_str() {
+                            "RuntimeReady" => ConditionKind::RuntimeReady,
+                            "NetworkReady" => ConditionKind::NetworkReady,
+                            _ => return None,
+                        };
+                        Some(RuntimeCondition {
+                            kind,
+                            status: c.status,
+                            reason: c.reason,
+                            message: c.message,
+                        })
+                    })
+                    .collect(),
+            })
+        })
+    }
+
+    fn run_pod_sandbox<'a>(
+        &'a self,
+        cfg: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            let dir = self.pod_dir(&cfg.pod_uid);
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
+            write_atomic(&dir.join("etc-hosts"), cfg.hosts.as_bytes())
+                .and_then(|_| write_atomic(&dir.join("cgroup-parent"), cfg.cgroup_parent.as_bytes()))
+                .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
+            if !cfg.log_directory.is_empty() {
+                let _ = tokio::fs::create_dir_all(&cfg.log_directory).await;
+            }
+            let resp = self
+                .rt()
+                .run_pod_sandbox(request(
+                    proto::RunPodSandboxRequest {
+                        config: Some(sandbox_config(cfg)),
+                        runtime_handler: String::new(),
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("RunPodSandbox", e))?;
+            Ok(resp.into_inner().pod_sandbox_id)
+        })
+    }
+
+    fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let status = self
+                .rt()
+                .pod_sandbox_status(request(
+                    proto::PodSandboxStatusRequest {
+                        pod_sandbox_id: id.into(),
+                        verbose: false,
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await;
+            let status = match status {
+                Ok(r) => r.into_inner().status,
+                Err(s) if s.code() == tonic::Code::NotFound => None,
+                Err(s) => return Err(status_err("PodSandboxStatus", s)),
+            };
+            for (call, r) in [
+                (
+                    "StopPodSandbox",
+                    self.rt()
+                        .stop_pod_sandbox(request(
+                            proto::StopPodSandboxRequest {
+                                pod_sandbox_id: id.into(),
+                            },
+                            REQUEST_TIMEOUT,
+                        ))
+                        .await
+                        .map(|_| ()),
+                ),
+                (
+                    "RemovePodSandbox",
+                    self.rt()
+                        .remove_pod_sandbox(request(
+                            proto::RemovePodSandboxRequest {
+                                pod_sandbox_id: id.into(),
+                            },
+                            REQUEST_TIMEOUT,
+                        ))
+                        .await
+                        .map(|_| ()),
+                ),
+            ] {
+                match r {
+                    Ok(()) => {}
+                    Err(s) if s.code() == tonic::Code::NotFound => {}
+                    Err(s) => return Err(status_err(call, s)),
+                }
+            }
+            if let Ok(mut m) = self.sandbox_ips.lock() {
+                m.remove(id);
+            }
+            if let Some(st) = status {
+                let uid = st.metadata.map(|m| m.uid).unwrap_or_default();
+                if !uid.is_empty() {
+                    let dir = self.pod_dir(&uid);
+                    if let Ok(parent) = std::fs::read_to_string(dir.join("cgroup-parent")) {
+                        self.remove_pod_cgroup(parent.trim());
+                    }
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
+        Box::pin(async move {
+            let items = self
+                .rt()
+                .list_pod_sandbox(request(
+                    proto::ListPodSandboxRequest { filter: None },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("ListPodSandbox", e))?
+                .into_inner()
+                .items;
+            let mut out = Vec::with_capacity(items.len());
+            for s in items {
+                let Some(uid) = s.metadata.as_ref().map(|m| m.uid.clone()) else {
+                    continue;
+                };
+                let ready = s.state == proto::PodSandboxState::SandboxReady as i32;
+                let ip = if ready { self.sandbox_ip(&s.id).await } else { None };
+                out.push(SandboxStatus {
+                    id: s.id,
+                    pod_uid: uid,
+                    ready,
+                    ip,
+                    created_at: s.created_at,
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn create_container<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        cfg: &'a ContainerConfig,
+        sandbox: &'a SandboxConfig,
+    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+        Box::pin(async move {
+            let pod_dir = self.pod_dir(&sandbox.pod_uid);
+            let mut mounts: Vec<proto::Mount> = cfg
+                .mounts
+                .iter()
+                .map(|m| proto::Mount {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.clone(),
+                    readonly: m.readonly,
+                    ..Default::default()
+                })
+                .collect();
+            // The kubelet-managed /etc/hosts, as upstream mounts it.
+            if !mounts.iter().any(|m| m.container_path == "/etc/hosts") {
+                mounts.push(proto::Mount {
+                    container_path: "/etc/hosts".into(),
+                    host_path: pod_dir.join("etc-hosts").display().to_string(),
+                    ..Default::default()
+                });
+            }
+            let mut annotations = HashMap::new();
+            if !cfg.termination_message_path.is_empty() {
+                let file = pod_dir.join(format!(
+                    "termination-{}-{}-{}",
+                    cfg.name,
+                    cfg.attempt,
+                    unix_nanos_now()
+                ));
+                std::fs::create_dir_all(&pod_dir)
+                    .and_then(|_| std::fs::write(&file, b""))
+                    .map_err(|e| RuntimeError::Other(format!("{}: {e}", file.display())))?;
+                mounts.push(proto::Mount {
+                    container_path: cfg.termination_message_path.clone(),
+                    host_path: file.display().to_string(),
+                    ..Default::default()
+                });
+                annotations.insert(TERMINATION_FILE.to_string(), file.display().to_string());
+            }
+            let mut labels = pod_labels(sandbox);
+            labels.insert(CONTAINER_NAME.into(), cfg.name.clone());
+            let int64 = |v: Option<u32>| v.map(|value| proto::Int64Value { value: value as i64 });
+            let config = proto::ContainerConfig {
+                metadata: Some(proto::ContainerMetadata {
+                    name: cfg.name.clone(),
+                    attempt: cfg.attempt,
+                }),
+                image: Some(proto::ImageSpec {
+                    image: cfg.image.clone(),
+                    ..Default::default()
+                }),
+                command: cfg.command.clone(),
+                args: cfg.args.clone(),
+                working_dir: cfg.working_dir.clone(),
+                envs: cfg
+                    .env
+                    .iter()
+                    .map(|(key, value)| proto::KeyValue {
+                        key: key.clone(),
+                        value: value.clone().into_bytes(),
+                    })
+                    .collect(),
+                mounts,
+                labels,
+                annotations,
+                log_path: cfg.log_path.clone(),
+                linux: Some(proto::LinuxContainerConfig {
+                    resources: Some(proto::LinuxContainerResources {
+                        cpu_period: if cfg.cpu_quota.is_some() { 100_000 } else { 0 },
+                        cpu_quota: cfg.cpu_quota.unwrap_or(0),
+                        cpu_shares: cfg.cpu_shares.unwrap_or(0) as i64,
+                        memory_limit_in_bytes: cfg.memory_limit.unwrap_or(0),
+                        oom_score_adj: cfg.oom_score_adj.unwrap_or(0) as i64,
+                        ..Default::default()
+                    }),
+                    security_context: Some(proto::LinuxContainerSecurityContext {
+                        capabilities: Some(proto::Capability {
+                            add_capabilities: cfg.capabilities_add.clone(),
+                            drop_capabilities: cfg.capabilities_drop.clone(),
+                            ..Default::default()
+                        }),
+                        privileged: cfg.privileged,
+                        namespace_options: Some(namespace_options(sandbox)),
+                        run_as_user: int64(cfg.uid),
+                        run_as_group: int64(cfg.gid),
+                        supplemental_groups: cfg
+                            .supplemental_groups
+                            .iter()
+                            .map(|g| *g as i64)
+                            .collect(),
+                        readonly_rootfs: cfg.readonly_rootfs,
+                        no_new_privs: cfg.no_new_privileges,
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            };
+            let resp = self
+                .rt()
+                .create_container(request(
+                    proto::CreateContainerRequest {
+                        pod_sandbox_id: sandbox_id.into(),
+                        config: Some(config),
+                        sandbox_config: Some(sandbox_config(sandbox)),
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("CreateContainer", e))?;
+            Ok(resp.into_inner().container_id)
+        })
+    }
+
+    fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.rt()
+                .start_container(request(
+                    proto::StartContainerRequest {
+                        container_id: id.into(),
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("StartContainer", e))?;
+            self.changes.notify_one();
+            Ok(())
+        })
+    }
+
+    fn stop_container<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .rt()
+                .stop_container(request(
+                    proto::StopContainerRequest {
+                        container_id: id.into(),
+                        timeout: timeout.as_secs() as i64,
+                    },
+                    REQUEST_TIMEOUT + timeout,
+                ))
+                .await;
+            match r {
+                Ok(_) => Ok(()),
+                Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+                Err(s) => Err(status_err("StopContainer", s)),
+            }
+        })
+    }
+
+    fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let file = self
+                .fetch_status(id)
+                .await
+                .ok()
+                .and_then(|s| s.annotations.get(TERMINATION_FILE).cloned());
+            match self
+                .rt()
+                .remove_container(request(
+                    proto::RemoveContainerRequest {
+                        container_id: id.into(),
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::NotFound => {}
+                Err(s) => return Err(status_err("RemoveContainer", s)),
+            }
+            if let Some(f) = file
+                && Path::new(&f).starts_with(&self.dir)
+            {
+                let _ = std::fs::remove_file(f);
+            }
+            if let Ok(mut m) = self.statuses.lock() {
+                m.remove(id);
+            }
+            Ok(())
+        })
+    }
+
+    fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>> {
+        Box::pin(async move {
+            let list = self
+                .rt()
+                .list_containers(request(
+                    proto::ListContainersRequest { filter: None },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("ListContainers", e))?
+                .into_inner()
+                .containers;
+            let mut out = Vec::with_capacity(list.len());
+            let mut seen = Vec::with_capacity(list.len());
+            for c in list {
+                // Containers kinglet did not make are not its business.
+                let Some(uid) = c.labels.get(POD_UID).cloned() else {
+                    continue;
+                };
+                seen.push(c.id.clone());
+                let cached = self
+                    .statuses
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&c.id).cloned())
+                    .filter(|k| k.state == c.state);
+                let status = match cached {
+                    Some(k) => k.status,
+                    None => {
+                        let s = match self.fetch_status(&c.id).await {
+                            Ok(s) => s,
+                            // Removed between the list and the status.
+                            Err(_) => continue,
+                        };
+                        let st = convert_status(s, uid, c.pod_sandbox_id.clone());
+                        if let Ok(mut m) = self.statuses.lock() {
+                            m.insert(
+                                c.id.clone(),
+                                Cached {
+                                    state: c.state,
+                                    status: st.clone(),
+                                },
+                            );
+                        }
+                        st
+                    }
+                };
+                out.push(status);
+            }
+            if let Ok(mut m) = self.statuses.lock() {
+                m.retain(|id, _| seen.contains(id));
+            }
+            Ok(out)
+        })
+    }
+
+    fn pull_image<'a>(
+        &'a self,
+        image: &'a str,
+        auth: &'a [PullAuth],
+    ) -> BoxFuture<'a, Result<ImageInfo, ImageFailure>> {
+        Box::pin(async move {
+            // Each credential in turn, then none, as upstream tries the
+            // pull secrets' credentials.
+            let mut tries: Vec<Option<proto::AuthConfig>> = auth
+                .iter()
+                .map(|a| {
+                    Some(proto::AuthConfig {
+                        username: a.username.clone(),
+                        password: a.password.clone(),
+                        ..Default::default()
+                    })
+                })
+                .collect();
+            if tries.is_empty() {
+                tries.push(None);
+            }
+            let mut last = None;
+            for auth in tries {
+                let r = self
+                    .images
+                    .clone()
+                    .pull_image(tonic::Request::new(proto::PullImageRequest {
+                        image: Some(proto::ImageSpec {
+                            image: image.into(),
+                            ..Default::default()
+                        }),
+                        auth,
+                        sandbox_config: None,
+                    }))
+                    .await;
+                match r {
+                    Ok(_) => {
+                        return match self.image_status(image).await? {
+                            Some(i) => Ok(i),
+                            None => Err(ImageFailure {
+                                reason: "ErrImagePull".into(),
+                                message: format!("image {image:?} missing after its pull"),
+                            }),
+                        };
+                    }
+                    Err(s) => last = Some(image_failure(image, s)),
+                }
+            }
+            Err(last.unwrap_or_else(|| ImageFailure {
+                reason: "ErrImagePull".into(),
+                message: "no pull attempted".into(),
+            }))
+        })
+    }
+
+    fn image_status<'a>(
+        &'a self,
+        image: &'a str,
+    ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
+        Box::pin(async move {
+            let r = self
+                .images
+                .clone()
+                .image_status(request(
+                    proto::ImageStatusRequest {
+                        image: Some(proto::ImageSpec {
+                            image: image.into(),
+                            ..Default::default()
+                        }),
+                        verbose: false,
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|s| image_failure(image, s))?;
+            Ok(r.into_inner().image.map(image_info))
+        })
+    }
+
+    fn list_images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .images
+                .clone()
+                .list_images(request(
+                    proto::ListImagesRequest { filter: None },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("ListImages", e))?;
+            Ok(r.into_inner().images.into_iter().map(image_info).collect())
+        })
+    }
+
+    fn remove_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.images
+                .clone()
+                .remove_image(request(
+                    proto::RemoveImageRequest {
+                        image: Some(proto::ImageSpec {
+                            image: image.into(),
+                            ..Default::default()
+                        }),
+                    },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("RemoveImage", e))?;
+            Ok(())
+        })
+    }
+
+    fn image_fs_info(&self) -> BoxFuture<'_, Result<Vec<FsUsage>, RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .images
+                .clone()
+                .image_fs_info(request(proto::ImageFsInfoRequest {}, REQUEST_TIMEOUT))
+                .await
+                .map_err(|e| status_err("ImageFsInfo", e))?
+                .into_inner();
+            Ok(r.image_filesystems
+                .into_iter()
+                .map(|f| FsUsage {
+                    mountpoint: f.fs_id.map(|i| i.mountpoint).unwrap_or_default(),
+                    used_bytes: f.used_bytes.map(|v| v.value).unwrap_or(0),
+                    inodes_used: f.inodes_used.map(|v| v.value).unwrap_or(0),
+                })
+                .collect())
+        })
+    }
+
+    fn exec_sync<'a>(
+        &'a self,
+        id: &'a str,
+        cmd: &'a [String],
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<ExecResult, RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .rt()
+                .exec_sync(request(
+                    proto::ExecSyncRequest {
+                        container_id: id.into(),
+                        cmd: cmd.to_vec(),
+                        timeout: timeout.as_secs() as i64,
+                    },
+                    REQUEST_TIMEOUT + timeout,
+                ))
+                .await
+                .map_err(|e| status_err("ExecSync", e))?
+                .into_inner();
+            Ok(ExecResult {
+                exit_code: r.exit_code,
+                stdout: r.stdout,
+                stderr: r.stderr,
+            })
+        })
+    }
+
+    fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .rt()
+                .list_container_stats(request(
+                    proto::ListContainerStatsRequest { filter: None },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("ListContainerStats", e))?
+                .into_inner();
+            Ok(r.stats
+                .into_iter()
+                .map(|s| {
+                    let attrs = s.attributes.unwrap_or_default();
+                    Usage {
+                        pod_uid: attrs.labels.get(POD_UID).cloned().unwrap_or_default(),
+                        id: attrs.id,
+                        cpu_usage_core_nanos: s
+                            .cpu
+                            .and_then(|c| c.usage_core_nano_seconds)
+                            .map_or(0, |v| v.value),
+                        memory_working_set_bytes: s
+                            .memory
+                            .and_then(|m| m.working_set_bytes)
+                            .map_or(0, |v| v.value),
+                    }
+                })
+                .collect())
+        })
+    }
+
+    fn pod_sandbox_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        Box::pin(async move {
+            let r = self
+                .rt()
+                .list_pod_sandbox_stats(request(
+                    proto::ListPodSandboxStatsRequest { filter: None },
+                    REQUEST_TIMEOUT,
+                ))
+                .await
+                .map_err(|e| status_err("ListPodSandboxStats", e))?
+                .into_inner();
+            Ok(r.stats
+                .into_iter()
+                .map(|s| {
+                    let attrs = s.attributes.unwrap_or_default();
+                    let linux = s.linux.unwrap_or_default();
+                    Usage {
+                        pod_uid: attrs.metadata.map(|m| m.uid).unwrap_or_default(),
+                        id: attrs.id,
+                        cpu_usage_core_nanos: linux
+                            .cpu
+                            .and_then(|c| c.usage_core_nano_seconds)
+                            .map_or(0, |v| v.value),
+                        memory_working_set_bytes: linux
+                            .memory
+                            .and_then(|m| m.working_set_bytes)
+                            .map_or(0, |v| v.value),
+                    }
+                })
+                .collect())
+        })
+    }
+
+    fn changes(&self) -> Option<Arc<Notify>> {
+        Some(self.changes.clone())
+    }
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            socket_path("unix:///run/containerd/containerd.sock").unwrap(),
+            PathBuf::from("/run/containerd/containerd.sock")
+        );
+        assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert!(socket_path("tcp://127.0.0.1:1").is_err());
+        assert!(socket_path("unix://").is_err());
+    }
+
+    #[test]
+    fn sandbox_config_like_upstream() {
+        let cfg = SandboxConfig {
+            pod_uid: "u1".into(),
+            pod_name: "web".into(),
+            namespace: "default".into(),
+            hostname: "web".into(),
+            log_directory: "/var/log/pods/default_web_u1".into(),
+            host_ipc: true,
+            cgroup_parent: "kubepods/besteffort/podu1".into(),
+            resolv_conf: "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local\noptions ndots:5\n".into(),
+            port_mappings: vec![kinglet_runtime::PortMapping {
+                protocol: "udp".into(),
+                container_port: 53,
+                host_port: 5353,
+                host_ip: String::new(),
+            }],
+            ..Default::default()
+        };
+        let c = sandbox_config(&cfg);
+        assert_eq!(c.hostname, "web");
+        let dns = c.dns_config.unwrap();
+        assert_eq!(dns.servers, ["10.96.0.10"]);
+        assert_eq!(dns.searches.len(), 2);
+        assert_eq!(dns.options, ["ndots:5"]);
+        assert_eq!(c.port_mappings[0].protocol, proto::Protocol::Udp as i32);
+        let linux = c.linux.unwrap();
+        assert_eq!(linux.cgroup_parent, "/kubepods/besteffort/podu1");
+        let ns = linux.security_context.unwrap().namespace_options.unwrap();
+        assert_eq!(ns.ipc, proto::NamespaceMode::Node as i32);
+        assert_eq!(ns.network, proto::NamespaceMode::Pod as i32);
+        assert_eq!(ns.pid, proto::NamespaceMode::Container as i32);
+        assert_eq!(c.labels[POD_UID], "u1");
+    }
+
+    #[test]
+    fn statuses_carry_the_termination_message_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("msg");
+        std::fs::write(&f, "bye").unwrap();
+        let s = proto::ContainerStatus {
+            id: "c1".into(),
+            state: proto::ContainerState::ContainerExited as i32,
+            exit_code: 3,
+            reason: "Error".into(),
+            image_ref: "sha256:abc".into(),
+            annotations: HashMap::from([(TERMINATION_FILE.into(), f.display().to_string())]),
+            metadata: Some(proto::ContainerMetadata {
+                name: "c".into(),
+                attempt: 2,
+            }),
+            ..Default::default()
+        };
+        let st = convert_status(s, "u1".into(), "s1".into());
+        assert_eq!(st.state, ContainerState::Exited);
+        assert_eq!((st.exit_code, st.message.as_str()), (3, "bye"));
+        assert_eq!((st.name.as_str(), st.attempt), ("c", 2));
+        assert_eq!(st.image_id, "sha256:abc");
+    }
+}
