@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Kinglet;
+use common::{Kinglet, Rt};
 use k8s_openapi::api::core::v1::{ContainerStatus, PodStatus};
 use serde::Deserialize;
 
@@ -28,22 +28,24 @@ struct Node {
 }
 
 impl Node {
-    fn start() -> Node {
-        Node::start_with("")
+    fn start(rt: Rt) -> Node {
+        Node::start_with(rt, "")
     }
 
     /// A node with more lines of KubeletConfiguration.
-    fn start_with(config: &str) -> Node {
+    fn start_with(rt: Rt, config: &str) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let manifests = dir.path().join("manifests");
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&manifests).unwrap();
-        let k = Kinglet::standalone(
+        let k = Kinglet::start_rt(
+            rt,
             &common::unique_name("kl-pods"),
             &format!("staticPodPath: {}\n{config}", manifests.display()),
+            false,
             &["--pod-log-dir", logs.to_str().unwrap()],
+            &[common::pods::busybox_archive()],
         );
-        common::pods::import_busybox(&k.dir.path().join("root"));
         Node {
             k,
             manifests,
@@ -112,9 +114,19 @@ fn phase(s: &PodStatus) -> &str {
 
 const BB: &str = "kinglet.test/busybox:1";
 
-#[tokio::test]
-async fn restart_policies_behave_like_upstream() {
-    let n = Node::start();
+crate::both_runtimes!(
+    restart_policies_behave_like_upstream,
+    init_containers_run_in_order_then_sidecar_and_main,
+    a_memory_hog_is_oom_killed,
+    graceful_termination_and_nothing_left_behind,
+    kill_9_of_kinglet_keeps_containers_and_readopts_them,
+    active_deadline_fails_the_pod,
+    bad_pods_get_upstream_reasons,
+    termination_messages_and_log_rotation,
+);
+
+async fn restart_policies_behave_like_upstream(rt: Rt) {
+    let n = Node::start(rt);
     n.apply("always", &format!("  restartPolicy: Always\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo run; exit 1']}}\n"));
     n.apply(
         "onfailure",
@@ -194,9 +206,8 @@ async fn restart_policies_behave_like_upstream() {
     assert!(dir.join("1.log").exists());
 }
 
-#[tokio::test]
-async fn init_containers_run_in_order_then_sidecar_and_main() {
-    let n = Node::start();
+async fn init_containers_run_in_order_then_sidecar_and_main(rt: Rt) {
+    let n = Node::start(rt);
     n.apply(
         "init",
         &format!(
@@ -240,9 +251,8 @@ async fn init_containers_run_in_order_then_sidecar_and_main() {
     assert_eq!(lines, ["one", "two", "side"]);
 }
 
-#[tokio::test]
-async fn a_memory_hog_is_oom_killed() {
-    let n = Node::start();
+async fn a_memory_hog_is_oom_killed(rt: Rt) {
+    let n = Node::start(rt);
     n.apply(
         "hog",
         &format!("  restartPolicy: Never\n  containers:\n  - name: c\n    image: {BB}\n    imagePullPolicy: Never\n    command: [sh, -c, 'x=$(head -c 67108864 /dev/zero | tr \"\\\\0\" a)']\n    resources: {{limits: {{memory: 16Mi}}}}\n"),
@@ -257,8 +267,28 @@ async fn a_memory_hog_is_oom_killed() {
     assert_eq!((t.exit_code, t.reason.as_deref()), (137, Some("OOMKilled")));
 }
 
-fn pod_leftovers(root: &Path, uid: &str) -> Vec<String> {
+fn pod_leftovers(n: &Node, uid: &str) -> Vec<String> {
+    let root = &n.root();
     let mut left = Vec::new();
+    if let Some(sock) = n.k.containerd_socket() {
+        // Nothing of the pod in containerd, and kinglet's per-pod files gone.
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&sock)
+            .args(["-n", "k8s.io", "containers", "ls", "-q"])
+            .arg(format!("labels.\"io.kubernetes.pod.uid\"=={uid}"))
+            .output()
+            .unwrap();
+        left.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| format!("containerd container {l}")),
+        );
+        let pod_dir = root.join("runtime/cri/pods").join(uid);
+        if pod_dir.exists() {
+            left.push(pod_dir.display().to_string());
+        }
+    }
     for d in ["runtime/oci/containers", "runtime/oci/sandboxes"] {
         if let Ok(rd) = std::fs::read_dir(root.join(d)) {
             left.extend(
@@ -274,7 +304,7 @@ fn pod_leftovers(root: &Path, uid: &str) -> Vec<String> {
     left.extend(
         mounts
             .lines()
-            .filter(|l| l.contains(root.to_str().unwrap()))
+            .filter(|l| l.contains(n.k.dir.path().to_str().unwrap()) || l.contains(uid))
             .map(|l| l.to_string()),
     );
     for base in [
@@ -293,10 +323,9 @@ fn pod_leftovers(root: &Path, uid: &str) -> Vec<String> {
     left
 }
 
-#[tokio::test]
-async fn graceful_termination_and_nothing_left_behind() {
-    let n = Node::start();
-    common::pods::import_archive(&n.root(), common::pods::busybox_usr1_archive());
+async fn graceful_termination_and_nothing_left_behind(rt: Rt) {
+    let n = Node::start(rt);
+    n.k.import(common::pods::busybox_usr1_archive());
     n.apply(
         "usr1",
         "  terminationGracePeriodSeconds: 30\n  containers:\n  - {name: c, image: 'kinglet.test/busybox-usr1:1', imagePullPolicy: Never, command: [sh, -c, 'trap \"echo got USR1; exit 0\" USR1; trap \"echo got TERM; exit 0\" TERM; echo ready; while true; do sleep 0.2; done']}\n",
@@ -362,7 +391,7 @@ async fn graceful_termination_and_nothing_left_behind() {
         "the image's STOPSIGNAL is sent: {log}"
     );
     for uid in [&g.uid, &s.uid, &u.uid] {
-        let left = pod_leftovers(&n.root(), uid);
+        let left = pod_leftovers(&n, uid);
         assert!(left.is_empty(), "left behind: {left:?}");
     }
     let left = Command::new("pgrep")
@@ -377,9 +406,8 @@ async fn graceful_termination_and_nothing_left_behind() {
     );
 }
 
-#[tokio::test]
-async fn kill_9_of_kinglet_keeps_containers_and_readopts_them() {
-    let mut n = Node::start();
+async fn kill_9_of_kinglet_keeps_containers_and_readopts_them(rt: Rt) {
+    let mut n = Node::start(rt);
     n.apply("keep", &format!("  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.5; done']}}\n"));
     let r = n
         .wait("keep", "Running", 20, |s| phase(s) == "Running")
@@ -430,9 +458,8 @@ async fn kill_9_of_kinglet_keeps_containers_and_readopts_them() {
     .await;
 }
 
-#[tokio::test]
-async fn active_deadline_fails_the_pod() {
-    let n = Node::start();
+async fn active_deadline_fails_the_pod(rt: Rt) {
+    let n = Node::start(rt);
     n.apply(
         "deadline",
         &format!("  activeDeadlineSeconds: 2\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000']}}\n"),
@@ -460,9 +487,8 @@ async fn active_deadline_fails_the_pod() {
     assert!([137, 143].contains(&t.exit_code), "{t:?}");
 }
 
-#[tokio::test]
-async fn bad_pods_get_upstream_reasons() {
-    let mut n = Node::start();
+async fn bad_pods_get_upstream_reasons(rt: Rt) {
+    let mut n = Node::start(rt);
     n.apply(
         "neverpull",
         "  containers:\n  - {name: c, image: 'kinglet.test/absent:1', imagePullPolicy: Never}\n",
@@ -502,12 +528,15 @@ async fn bad_pods_get_upstream_reasons() {
     assert!(n.k.alive());
 }
 
-#[tokio::test]
-async fn termination_messages_and_log_rotation() {
-    let n = Node::start_with("containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 2\n");
+async fn termination_messages_and_log_rotation(rt: Rt) {
+    let n = Node::start_with(rt, "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 2\n");
     n.apply(
         "msg",
-        &format!("  restartPolicy: Never\n  containers:\n  - {{name: file, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'printf bye > /dev/termination-log; exit 3']}}\n  - {{name: custom, image: {BB}, imagePullPolicy: Never, terminationMessagePath: /tmp/why, command: [sh, -c, 'printf custom-why > /tmp/why; exit 0']}}\n  - {{name: fallback, image: {BB}, imagePullPolicy: Never, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last-words; exit 2']}}\n  - {{name: nofallback, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo not-a-message; exit 2']}}\n  - {{name: spew, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while [ $i -lt 2000 ]; do echo line-$i-padding-padding-padding; i=$((i+1)); done']}}\n"),
+        &format!("  restartPolicy: Never\n  containers:\n  - {{name: file, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'printf bye > /dev/termination-log; exit 3']}}\n  - {{name: custom, image: {BB}, imagePullPolicy: Never, terminationMessagePath: /tmp/why, command: [sh, -c, 'printf custom-why > /tmp/why; exit 0']}}\n  - {{name: fallback, image: {BB}, imagePullPolicy: Never, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last-words; exit 2']}}\n  - {{name: nofallback, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo not-a-message; exit 2']}}\n"),
+    );
+    n.apply(
+        "spew",
+        &format!("  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: spew, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while true; do echo line-$i-padding-padding-padding; i=$((i+1)); usleep 2000; done']}}\n"),
     );
     let r = n.wait("msg", "Failed", 30, |s| phase(s) == "Failed").await;
     let term = |name: &str| {
@@ -528,27 +557,52 @@ async fn termination_messages_and_log_rotation() {
     let t = term("nofallback");
     assert_eq!(t.message, None, "File policy never reads logs");
 
+    // Rotation: the in-process runtime rotates as it writes; with CRI,
+    // kinglet renames and has containerd reopen the log every 10 s, as
+    // upstream. Either way at most containerLogMaxFiles files, and rotated
+    // files replace one another.
+    let spew = n
+        .wait("spew", "Running", 20, |s| phase(s) == "Running")
+        .await;
     let dir = n
         .logs
-        .join(format!("default_msg-{}_{}/spew", n.k.name, r.uid));
-    let files: Vec<(String, u64)> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                e.metadata().unwrap().len(),
-            )
-        })
-        .collect();
-    assert_eq!(files.len(), 2, "containerLogMaxFiles 2: {files:?}");
-    assert!(
-        files.iter().all(|(_, len)| *len <= 4096),
-        "containerLogMaxSize 4Ki: {files:?}"
+        .join(format!("default_spew-{}_{}/spew", n.k.name, spew.uid));
+    let mut rotated_seen = std::collections::BTreeSet::new();
+    let t0 = Instant::now();
+    while rotated_seen.len() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(40),
+            "logs not rotated twice: {rotated_seen:?}"
+        );
+        let files: Vec<(String, u64)> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| {
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().map(|m| m.len()).unwrap_or(0),
+                )
+            })
+            .collect();
+        assert!(files.len() <= 2, "containerLogMaxFiles 2: {files:?}");
+        if rt == Rt::Oci {
+            assert!(
+                files.iter().all(|(_, len)| *len <= 4096),
+                "containerLogMaxSize 4Ki: {files:?}"
+            );
+        }
+        rotated_seen.extend(
+            files
+                .into_iter()
+                .map(|(f, _)| f)
+                .filter(|f| f.starts_with("0.log.")),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "figure: two log rotations after {:?} ({rt:?})",
+        t0.elapsed()
     );
-    let current = std::fs::read_to_string(dir.join("0.log")).unwrap();
-    assert!(
-        current.contains("line-1999-"),
-        "the newest lines stay: {current}"
-    );
+    n.delete("spew");
 }

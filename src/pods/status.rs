@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus};
 
-
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
         .then(|| Time(jiff::Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or_default()))

@@ -532,9 +532,10 @@ impl Worker {
             // A sandbox that is no longer ready (its pause process died, the
             // machine rebooted) is replaced, as upstream does.
             for s in dead {
-                for c in current.iter().filter(|c| {
-                    c.sandbox_id == s.id && c.state == ContainerState::Running
-                }) {
+                for c in current
+                    .iter()
+                    .filter(|c| c.sandbox_id == s.id && c.state == ContainerState::Running)
+                {
                     let _ = self.runtime.stop_container(&c.id, Duration::ZERO).await;
                 }
                 if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await {

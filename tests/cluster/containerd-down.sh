@@ -12,6 +12,7 @@ sock=$dir/containerd.sock
 conf=$dir/net.d/10-kinglet-test.conflist
 bridge=$(sed -n 's/.*"bridge": "\([^"]*\)".*/\1/p' "$conf" 2>/dev/null | head -1)
 netns=()
+cgroups=()
 if [ -S "$sock" ]; then
   c="ctr --address $sock -n k8s.io"
   # The sandboxes' network namespaces (containerd keeps them in the host's
@@ -19,6 +20,9 @@ if [ -S "$sock" ]; then
   for ctr_id in $($c containers ls -q 2>/dev/null); do
     while read -r ns; do netns+=("$ns"); done < <($c containers info "$ctr_id" 2>/dev/null |
       grep -o '"/var/run/netns/cni-[0-9a-f-]*"\|"/run/netns/cni-[0-9a-f-]*"' | tr -d '"' | sort -u)
+    # Pod cgroups (/kubepods/<qos>/pod<uid>), the kubelet's to remove.
+    while read -r cg; do cgroups+=("$(dirname "$cg")"); done < <($c containers info "$ctr_id" 2>/dev/null |
+      sed -n 's/.*"cgroupsPath": "\(\/kubepods[^"]*\)".*/\1/p')
   done
   for t in $($c tasks ls -q 2>/dev/null); do
     $c tasks kill -s SIGKILL "$t" >/dev/null 2>&1
@@ -41,6 +45,11 @@ if [ -f "$dir/containerd.pid" ]; then
     kill -9 "$pid" 2>/dev/null
   fi
 fi
+for cg in "${cgroups[@]}"; do
+  for base in /sys/fs/cgroup /sys/fs/cgroup/*; do
+    [ -d "$base$cg" ] && rmdir "$base$cg" 2>/dev/null
+  done
+done
 for ns in "${netns[@]}"; do
   umount "$ns" 2>/dev/null
   rm -f "$ns"

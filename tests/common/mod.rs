@@ -120,6 +120,37 @@ where
     }
 }
 
+/// The runtime a test node runs pods with: the pod suites run once with
+/// each (`both_runtimes!`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rt {
+    /// In-process (libcontainer through kinglet's monitor).
+    Oci,
+    /// containerd through CRI: a private instance per node
+    /// (`tests/cluster/containerd-up.sh`).
+    Cri,
+}
+
+/// Generates one `#[tokio::test]` per runtime for each listed
+/// `async fn name(rt: Rt)`: `oci::name` and `cri::name`.
+#[macro_export]
+macro_rules! both_runtimes {
+    ($($name:ident),* $(,)?) => {
+        mod oci {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::common::Rt::Oci).await
+            })*
+        }
+        mod cri {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::common::Rt::Cri).await
+            })*
+        }
+    };
+}
+
 /// A kinglet process run for a test.
 pub struct Kinglet {
     pub name: String,
@@ -131,6 +162,9 @@ pub struct Kinglet {
     /// A kubeconfig to use instead of the node's own.
     pub kubeconfig_override: Option<PathBuf>,
     pub extra_args: Vec<String>,
+    pub rt: Rt,
+    /// The private containerd's dir, with `--runtime cri`.
+    containerd: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -163,6 +197,71 @@ impl Kinglet {
         Self::start_inner(name, extra_config, joined, extra_args, None)
     }
 
+    /// Starts kinglet with `rt` after loading `images` into that runtime;
+    /// joined to the test cluster or standalone.
+    pub fn start_rt(
+        rt: Rt,
+        name: &str,
+        extra_config: &str,
+        joined: bool,
+        extra_args: &[&str],
+        images: &[&Path],
+    ) -> Self {
+        let mut k = Self::new_inner(name, extra_config, joined, extra_args);
+        k.rt = rt;
+        if rt == Rt::Cri {
+            let dir = k.dir.path().join("containerd");
+            let endpoint = run_script("containerd-up.sh", &[dir.to_str().unwrap()]);
+            k.containerd = Some(dir);
+            k.extra_args.extend([
+                "--runtime".into(),
+                "cri".into(),
+                "--container-runtime-endpoint".into(),
+                endpoint,
+            ]);
+        }
+        for i in images {
+            k.import(i);
+        }
+        k.spawn();
+        k
+    }
+
+    /// Loads an image archive into the node's runtime: kinglet's store, or
+    /// containerd's `k8s.io` namespace.
+    pub fn import(&self, archive: &Path) {
+        match &self.containerd {
+            None => pods::import_archive(&self.dir.path().join("root"), archive),
+            Some(dir) => {
+                let out = Command::new("ctr")
+                    .arg("--address")
+                    .arg(dir.join("containerd.sock"))
+                    .args(["-n", "k8s.io", "images", "import"])
+                    .arg(archive)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "ctr images import: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+
+    /// `<runtime>://`, how container IDs start in pod statuses.
+    pub fn id_scheme(&self) -> &'static str {
+        match self.rt {
+            Rt::Oci => "kinglet-oci://",
+            Rt::Cri => "containerd://",
+        }
+    }
+
+    /// The private containerd's socket, with `--runtime cri`.
+    pub fn containerd_socket(&self) -> Option<PathBuf> {
+        self.containerd.as_ref().map(|d| d.join("containerd.sock"))
+    }
+
     fn start_inner(
         name: &str,
         extra_config: &str,
@@ -170,6 +269,15 @@ impl Kinglet {
         extra_args: &[&str],
         prep: Option<fn(&Path)>,
     ) -> Self {
+        let mut k = Self::new_inner(name, extra_config, joined, extra_args);
+        if let Some(prep) = prep {
+            prep(&k.dir.path().join("root"));
+        }
+        k.spawn();
+        k
+    }
+
+    fn new_inner(name: &str, extra_config: &str, joined: bool, extra_args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let healthz_port = free_port();
         let config = dir.path().join("config.yaml");
@@ -180,7 +288,7 @@ impl Kinglet {
             ),
         )
         .unwrap();
-        let mut k = Kinglet {
+        Kinglet {
             name: name.into(),
             dir,
             healthz_port,
@@ -188,13 +296,10 @@ impl Kinglet {
             joined,
             kubeconfig_override: None,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            rt: Rt::Oci,
+            containerd: None,
             child: None,
-        };
-        if let Some(prep) = prep {
-            prep(&k.dir.path().join("root"));
         }
-        k.spawn();
-        k
     }
 
     /// Starts the process (again) on the same root dir and config.
@@ -292,8 +397,12 @@ impl Drop for Kinglet {
         if std::thread::panicking() {
             eprintln!("--- kinglet log of {} ---\n{}", self.name, self.log());
         }
-        // The monitor outlives kinglet by design; tests stop it and what it ran.
+        // The monitor (or containerd) outlives kinglet by design; tests stop
+        // it and what it ran.
         pods::cleanup_root(&self.dir.path().join("root"));
+        if let Some(dir) = &self.containerd {
+            run_script("containerd-down.sh", &[dir.to_str().unwrap()]);
+        }
         if !self.joined {
             return;
         }

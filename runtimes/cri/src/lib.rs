@@ -127,8 +127,7 @@ impl CriRuntime {
                 }
             }));
         Ok(CriRuntime {
-            runtime: RuntimeServiceClient::new(channel.clone())
-                .max_decoding_message_size(16 << 20),
+            runtime: RuntimeServiceClient::new(channel.clone()).max_decoding_message_size(16 << 20),
             images: ImageServiceClient::new(channel).max_decoding_message_size(16 << 20),
             dir: dir.into(),
             cgroup_root: cgroup_root.into(),
@@ -178,9 +177,7 @@ impl CriRuntime {
                     }
                 }
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
-                    info!(
-                        "container runtime has no container events: relisting every second"
-                    );
+                    info!("container runtime has no container events: relisting every second");
                     return;
                 }
                 Err(_) => {}
@@ -243,10 +240,7 @@ impl CriRuntime {
             .ok()?
             .into_inner()
             .status?;
-        let ip = st
-            .network
-            .map(|n| n.ip)
-            .filter(|ip| !ip.is_empty());
+        let ip = st.network.map(|n| n.ip).filter(|ip| !ip.is_empty());
         if let Ok(mut m) = self.sandbox_ips.lock() {
             m.insert(id.into(), ip.clone());
         }
@@ -350,7 +344,11 @@ fn unix_nanos_now() -> i64 {
         .unwrap_or(0)
 }
 
-fn convert_status(s: proto::ContainerStatus, pod_uid: String, sandbox_id: String) -> ContainerStatus {
+fn convert_status(
+    s: proto::ContainerStatus,
+    pod_uid: String,
+    sandbox_id: String,
+) -> ContainerStatus {
     let state = match proto::ContainerState::try_from(s.state) {
         Ok(proto::ContainerState::ContainerCreated) => ContainerState::Created,
         Ok(proto::ContainerState::ContainerRunning) => ContainerState::Running,
@@ -486,7 +484,9 @@ impl Runtime for CriRuntime {
                 .await
                 .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
             write_atomic(&dir.join("etc-hosts"), cfg.hosts.as_bytes())
-                .and_then(|_| write_atomic(&dir.join("cgroup-parent"), cfg.cgroup_parent.as_bytes()))
+                .and_then(|_| {
+                    write_atomic(&dir.join("cgroup-parent"), cfg.cgroup_parent.as_bytes())
+                })
                 .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
             if !cfg.log_directory.is_empty() {
                 let _ = tokio::fs::create_dir_all(&cfg.log_directory).await;
@@ -590,7 +590,11 @@ impl Runtime for CriRuntime {
                     continue;
                 };
                 let ready = s.state == proto::PodSandboxState::SandboxReady as i32;
-                let ip = if ready { self.sandbox_ip(&s.id).await } else { None };
+                let ip = if ready {
+                    self.sandbox_ip(&s.id).await
+                } else {
+                    None
+                };
                 out.push(SandboxStatus {
                     id: s.id,
                     pod_uid: uid,
@@ -649,7 +653,11 @@ impl Runtime for CriRuntime {
             }
             let mut labels = pod_labels(sandbox);
             labels.insert(CONTAINER_NAME.into(), cfg.name.clone());
-            let int64 = |v: Option<u32>| v.map(|value| proto::Int64Value { value: value as i64 });
+            let int64 = |v: Option<u32>| {
+                v.map(|value| proto::Int64Value {
+                    value: value as i64,
+                })
+            };
             let config = proto::ContainerConfig {
                 metadata: Some(proto::ContainerMetadata {
                     name: cfg.name.clone(),
@@ -1097,7 +1105,10 @@ mod tests {
             socket_path("unix:///run/containerd/containerd.sock").unwrap(),
             PathBuf::from("/run/containerd/containerd.sock")
         );
-        assert_eq!(socket_path("/run/x.sock").unwrap(), PathBuf::from("/run/x.sock"));
+        assert_eq!(
+            socket_path("/run/x.sock").unwrap(),
+            PathBuf::from("/run/x.sock")
+        );
         assert!(socket_path("tcp://127.0.0.1:1").is_err());
         assert!(socket_path("unix://").is_err());
     }

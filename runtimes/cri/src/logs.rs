@@ -36,7 +36,10 @@ impl CriRuntime {
                 .iter()
                 .filter(|c| c.state == ContainerState::Running && !c.log_path.is_empty())
             {
-                if let Err(e) = self.rotate_one(&c.id, Path::new(&c.log_path), max_size, max_files).await {
+                if let Err(e) = self
+                    .rotate_one(&c.id, Path::new(&c.log_path), max_size, max_files)
+                    .await
+                {
                     warn!(container = %c.id, log = %c.log_path, error = %e, "log rotation failed");
                 }
             }
@@ -135,7 +138,13 @@ mod tests {
     fn prunes_the_oldest_rotated_logs() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("0.log");
-        for f in ["0.log", "0.log.20260101-000000", "0.log.20260101-000010", "0.log.20260101-000020", "1.log"] {
+        for f in [
+            "0.log",
+            "0.log.20260101-000000",
+            "0.log.20260101-000010",
+            "0.log.20260101-000020",
+            "1.log",
+        ] {
             std::fs::write(dir.path().join(f), "x").unwrap();
         }
         prune(&log, 2);
