@@ -16,6 +16,13 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const BB: &str = "kinglet.test/busybox:1";
 
+crate::both_runtimes!(
+    a_deployment_runs_and_static_pods_are_mirrored,
+    restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods,
+    admission_rejects_pods_that_do_not_fit,
+    env_reads_configmaps_and_secrets_through_the_node_authorizer,
+);
+
 fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
     let v: serde_json::Value = serde_saphyr::from_str(y).unwrap();
     serde_json::from_value(v).unwrap()
@@ -27,17 +34,19 @@ struct Joined {
     manifests: std::path::PathBuf,
 }
 
-fn join(prefix: &str) -> Joined {
+fn join(rt: Rt, prefix: &str) -> Joined {
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
     let name = unique_name(prefix);
     // The image is there before the node is: pods never wait on a pull.
-    let k = Kinglet::start_with_root_prep(
+    let k = Kinglet::start_rt(
+        rt,
         &name,
         &format!("{FAST_CONFIG}staticPodPath: {}\n", manifests.display()),
+        true,
         &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
-        common::pods::import_busybox,
+        &[common::pods::busybox_archive()],
     );
     Joined {
         k,
@@ -53,10 +62,9 @@ fn running(p: &Pod) -> bool {
     })
 }
 
-#[tokio::test]
-async fn a_deployment_runs_and_static_pods_are_mirrored() {
+async fn a_deployment_runs_and_static_pods_are_mirrored(rt: Rt) {
     let admin = admin().await;
-    let j = join("kl-api");
+    let j = join(rt, "kl-api");
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
     let ns = "default";
@@ -92,7 +100,7 @@ async fn a_deployment_runs_and_static_pods_are_mirrored() {
             c.container_id
                 .as_deref()
                 .unwrap()
-                .starts_with("kinglet-oci://")
+                .starts_with(j.k.id_scheme())
         );
         assert!(c.image_id.contains("sha256:"));
         let types: Vec<&str> = st
@@ -167,10 +175,9 @@ async fn a_deployment_runs_and_static_pods_are_mirrored() {
     .await;
 }
 
-#[tokio::test]
-async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods() {
+async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods(rt: Rt) {
     let admin = admin().await;
-    let mut j = join("kl-api2");
+    let mut j = join(rt, "kl-api2");
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -212,7 +219,7 @@ async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(j.k.pid() as i32, libc::SIGKILL) };
     let _ = j.k.terminate(Duration::from_secs(5));
-    common::pods::cleanup_root(&j.k.dir.path().join("root"));
+    j.k.reboot_runtime(&[common::pods::busybox_archive()]);
     let dead = j.k.dir.path().join("dead.kubeconfig");
     let kc = std::fs::read_to_string(node_kubeconfig(&name)).unwrap();
     let port = cluster_port();
@@ -252,10 +259,9 @@ async fn restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods() {
         .await;
 }
 
-#[tokio::test]
-async fn admission_rejects_pods_that_do_not_fit() {
+async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
     let admin = admin().await;
-    let j = join("kl-admit");
+    let j = join(rt, "kl-admit");
     let nodes: Api<Node> = Api::all(admin.clone());
     let node = wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
     let cpus: u32 = node.status.unwrap().allocatable.unwrap()["cpu"]
@@ -320,11 +326,10 @@ async fn admission_rejects_pods_that_do_not_fit() {
     }
 }
 
-#[tokio::test]
-async fn env_reads_configmaps_and_secrets_through_the_node_authorizer() {
+async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
     let admin = admin().await;
-    let j = join("kl-env");
+    let j = join(rt, "kl-env");
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &j.k.name, Duration::from_secs(20)).await;
     let name = j.k.name.clone();

@@ -249,6 +249,19 @@ impl Kinglet {
         }
     }
 
+    /// What a reboot leaves: no container runs any more (kinglet must be
+    /// stopped). With CRI, containerd comes back empty but for `images`.
+    pub fn reboot_runtime(&self, images: &[&Path]) {
+        pods::cleanup_root(&self.dir.path().join("root"));
+        if let Some(dir) = &self.containerd {
+            run_script("containerd-down.sh", &[dir.to_str().unwrap()]);
+            run_script("containerd-up.sh", &[dir.to_str().unwrap()]);
+            for i in images {
+                self.import(i);
+            }
+        }
+    }
+
     /// `<runtime>://`, how container IDs start in pod statuses.
     pub fn id_scheme(&self) -> &'static str {
         match self.rt {
