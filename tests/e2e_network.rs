@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::Kinglet;
+use common::{Kinglet, Rt};
 
 struct Net {
     k: Kinglet,
@@ -63,12 +63,16 @@ fn http_get(ip: &str, port: u16) -> Option<String> {
     Some(out)
 }
 
-#[tokio::test]
-async fn pods_get_their_own_reachable_ips_and_give_them_back() {
+crate::both_runtimes!(pods_get_their_own_reachable_ips_and_give_them_back);
+
+async fn pods_get_their_own_reachable_ips_and_give_them_back(rt: Rt) {
     let dir = tempfile::tempdir().unwrap();
+    // Both runtimes' runs share this process: each has its own bridge,
+    // subnet and host port.
+    let ri = rt as u32;
     let tag = std::process::id() % 10000;
-    let bridge = format!("klt{tag}");
-    let subnet_octet = 100 + (std::process::id() % 150);
+    let bridge = format!("klt{tag}r{ri}");
+    let subnet_octet = 100 + (std::process::id() % 75) * 2 + ri;
     let conf = dir.path().join("net.d");
     let ipam = dir.path().join("ipam");
     std::fs::create_dir_all(&conf).unwrap();
@@ -86,9 +90,11 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
     let manifests = dir.path().join("manifests");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&manifests).unwrap();
-    let k = Kinglet::standalone(
+    let k = Kinglet::start_rt(
+        rt,
         &common::unique_name("kl-net"),
         &format!("staticPodPath: {}\n", manifests.display()),
+        false,
         &[
             "--pod-log-dir",
             logs.to_str().unwrap(),
@@ -97,8 +103,8 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
             "--cni-bin-dir",
             "/usr/lib/cni:/opt/cni/bin",
         ],
+        &[common::pods::busybox_archive()],
     );
-    common::pods::import_busybox(&k.dir.path().join("root"));
     let n = Net {
         k,
         _dir: dir,
@@ -109,7 +115,7 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back() {
     };
     let root = n.k.dir.path().join("root");
     let bb = "kinglet.test/busybox:1";
-    let host_port = 20000 + std::process::id() % 10000;
+    let host_port = 20000 + (std::process::id() % 5000) * 2 + ri;
 
     std::fs::write(
         n.manifests.join("web.yaml"),

@@ -121,6 +121,15 @@ fn condition(
     }
 }
 
+/// Where the pod runs: what its status reports besides its containers.
+pub struct Placement<'a> {
+    pub host_ip: &'a str,
+    pub pod_ip: &'a str,
+    pub start_time: &'a Time,
+    /// `<runtime>://`, the prefix of container IDs.
+    pub scheme: &'a str,
+}
+
 /// The pod's status. `waiting` holds reasons the worker set for containers
 /// it could not start (image pull errors, back-off, config errors).
 pub fn pod_status(
@@ -128,11 +137,14 @@ pub fn pod_status(
     containers: &[ContainerStatus],
     sandbox_ready: bool,
     waiting: &BTreeMap<String, (String, String)>,
-    host_ip: &str,
-    pod_ip: &str,
-    start_time: &Time,
-    scheme: &str,
+    at: &Placement<'_>,
 ) -> PodStatus {
+    let Placement {
+        host_ip,
+        pod_ip,
+        start_time,
+        scheme,
+    } = *at;
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec
         .restart_policy

@@ -715,10 +715,12 @@ impl Worker {
             current,
             sandbox_ready,
             &self.waiting,
-            &self.node.node_ip,
-            &pod_ip,
-            &self.start_time,
-            &self.node.container_id_scheme,
+            &status::Placement {
+                host_ip: &self.node.node_ip,
+                pod_ip: &pod_ip,
+                start_time: &self.start_time,
+                scheme: &self.node.container_id_scheme,
+            },
         );
         if self.deadline_exceeded {
             st.phase = Some("Failed".into());

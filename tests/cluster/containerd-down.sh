@@ -9,8 +9,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 dir=$(realpath -m "${1:-$CLUSTER_DIR/containerd}")
 sock=$dir/containerd.sock
-conf=$dir/net.d/10-kinglet-test.conflist
-bridge=$(sed -n 's/.*"bridge": "\([^"]*\)".*/\1/p' "$conf" 2>/dev/null | head -1)
+cni_dir=$(cat "$dir/cni-conf-dir" 2>/dev/null || echo "$dir/net.d")
+bridge=$(cat "$cni_dir"/*.conflist 2>/dev/null | tr -d '\n ' | grep -o '"bridge":"[^"]*"' | head -1 | cut -d'"' -f4)
 netns=()
 cgroups=()
 if [ -S "$sock" ]; then

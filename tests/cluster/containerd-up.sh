@@ -3,7 +3,9 @@
 # a private root, state dir, socket and CNI network — never the system's —
 # with the sandbox (pause) image loaded offline, and prints unix://<socket>
 # as its last line.
-#   containerd-up.sh [DIR]      (DIR defaults to $KINGLET_CLUSTER_DIR/containerd)
+#   containerd-up.sh [DIR [CNI_CONF_DIR]]
+# DIR defaults to $KINGLET_CLUSTER_DIR/containerd; CNI_CONF_DIR, a conflist
+# dir of the caller's, replaces the generated one.
 # Environment: CONTAINERD_BRIDGE, CONTAINERD_SUBNET pick the pod network
 # (default: a bridge and a /24 derived from DIR, so several instances can
 # run at once).
@@ -22,8 +24,10 @@ if [ -S "$sock" ] && [ -f "$dir/containerd.pid" ] && kill -0 "$(cat "$dir/contai
   echo "unix://$sock"
   exit 0
 fi
-mkdir -p "$dir/root" "$dir/state" "$dir/net.d" "$dir/ipam" "$dir/images"
-cat > "$dir/net.d/10-kinglet-test.conflist" <<JSON
+cni_dir=$(realpath -m "${2:-$dir/net.d}")
+mkdir -p "$dir/root" "$dir/state" "$dir/ipam" "$dir/images" "$cni_dir"
+echo "$cni_dir" > "$dir/cni-conf-dir"
+[ -n "${2:-}" ] || cat > "$dir/net.d/10-kinglet-test.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "kinglet-test",
  "plugins": [
   {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false,
@@ -52,7 +56,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$dir/net.d"
+    conf_dir = "$cni_dir"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"

@@ -211,7 +211,13 @@ impl Kinglet {
         k.rt = rt;
         if rt == Rt::Cri {
             let dir = k.dir.path().join("containerd");
-            let endpoint = run_script("containerd-up.sh", &[dir.to_str().unwrap()]);
+            // A test's own --cni-conf-dir becomes containerd's.
+            let mut args = vec![dir.display().to_string()];
+            if let Some(i) = k.extra_args.iter().position(|a| a == "--cni-conf-dir") {
+                args.extend(k.extra_args.get(i + 1).cloned());
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let endpoint = run_script("containerd-up.sh", &args);
             k.containerd = Some(dir);
             k.extra_args.extend([
                 "--runtime".into(),
