@@ -1,9 +1,12 @@
 //! Pod benchmark (prints figures; asserts nothing): startup latency from
 //! creation in the API to Running observed through a watch, for N pods
-//! created one after another, and the node agent's memory (kinglet plus its
-//! monitor) with 0, 10, 30 and 110 sleeping pods.
+//! created one after another, and the node's memory (kinglet and its runtime
+//! side: the monitor, or containerd and its shims) with 0, 10, 30 and 110
+//! sleeping pods.
 //!
-//! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE ROOT_DIR [PODS]
+//! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS]]
+//! PATTERN picks the node's processes by command line (its work dir);
+//! LEVELS is the pod counts to measure memory at, `10,30,110` by default.
 //! (tests/bench/pods.sh sets everything up.)
 
 use std::collections::HashMap;
@@ -27,10 +30,12 @@ fn pod(name: &str, node: &str) -> Pod {
     .unwrap()
 }
 
-/// RSS and PSS (KiB) summed over processes whose command line matches.
-fn memory(pattern: &str) -> (u64, u64) {
+/// RSS and PSS (KiB) summed over processes whose command line matches, in
+/// all and by process name.
+fn memory(pattern: &str) -> (u64, u64, std::collections::BTreeMap<String, (u64, u64)>) {
     let mut rss = 0;
     let mut pss = 0;
+    let mut by_name = std::collections::BTreeMap::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
             continue;
@@ -39,7 +44,12 @@ fn memory(pattern: &str) -> (u64, u64) {
         if !cmd.contains(pattern) || cmd.contains("bench_pods") {
             continue;
         }
+        let comm = std::fs::read_to_string(e.path().join("comm"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
         if let Ok(s) = std::fs::read_to_string(e.path().join("smaps_rollup")) {
+            let entry: &mut (u64, u64) = by_name.entry(comm).or_default();
             for l in s.lines() {
                 let v = |l: &str| {
                     l.split_whitespace()
@@ -49,13 +59,15 @@ fn memory(pattern: &str) -> (u64, u64) {
                 };
                 if l.starts_with("Rss:") {
                     rss += v(l);
+                    entry.0 += v(l);
                 } else if l.starts_with("Pss:") {
                     pss += v(l);
+                    entry.1 += v(l);
                 }
             }
         }
     }
-    (rss, pss)
+    (rss, pss, by_name)
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -70,6 +82,12 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (kc, node, root) = (&args[1], &args[2], &args[3]);
     let n: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(50);
+    let levels: Vec<usize> = args
+        .get(5)
+        .map_or("10,30,110", String::as_str)
+        .split(',')
+        .filter_map(|s| s.parse().ok())
+        .collect();
     let kubeconfig = kube::config::Kubeconfig::read_from(kc).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
@@ -90,7 +108,7 @@ async fn main() {
     .boxed();
     let mut created: HashMap<String, Instant> = HashMap::new();
     let mut lat = Vec::new();
-    let total = n.max(110);
+    let total = n.max(levels.iter().copied().max().unwrap_or(0));
     for i in 0..total {
         let name = format!("bench-{i}");
         let t = Instant::now();
@@ -115,7 +133,7 @@ async fn main() {
                 }
             }
         }
-        if [10, 30, 110].contains(&(i + 1)) {
+        if levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
             mem.push((i + 1, memory(pattern)));
         }
@@ -131,12 +149,16 @@ async fn main() {
         pct(&lat, 0.99),
         pct(&lat, 1.0)
     );
-    println!("node agent memory (kinglet + monitor), KiB:");
-    println!("  {:>5} {:>8} {:>8}", "pods", "RSS", "PSS");
-    for (p, (rss, pss)) in &mem {
-        println!("  {p:>5} {rss:>8} {pss:>8}");
+    println!("node memory (kinglet and its runtime side), KiB:");
+    println!("  {:>5} {:>8} {:>8}   PSS by process", "pods", "RSS", "PSS");
+    for (p, (rss, pss, by)) in &mem {
+        let parts: Vec<String> = by
+            .iter()
+            .map(|(name, (_, pss))| format!("{name} {pss}"))
+            .collect();
+        println!("  {p:>5} {rss:>8} {pss:>8}   {}", parts.join(", "));
     }
-    if let (Some((_, (_, p0))), Some((k, (_, pk)))) = (mem.first(), mem.last()) {
+    if let (Some((_, (_, p0, _))), Some((k, (_, pk, _)))) = (mem.first(), mem.last()) {
         println!(
             "  per pod: {:.1} KiB PSS",
             (*pk as f64 - *p0 as f64) / *k as f64

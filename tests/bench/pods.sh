@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
 # Benchmark (prints figures, asserts nothing): pod startup latency p50/p90/p99
-# and the memory of kinglet + its monitor at 0, 10, 30 and 110 pods, on a node
-# joined to the loopback control plane.   tests/bench/pods.sh [PODS]
+# and the node's memory at 0, 10, 30 (and 110 in-process) pods, on a node
+# joined to the loopback control plane.
+#   tests/bench/pods.sh [PODS] [oci|cri]
+# oci: kinglet's in-process runtime (kinglet + its monitor);
+# cri: kinglet --runtime cri with a private containerd (kinglet + containerd
+# + shims + pause containers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 pods=${1:-50}
+runtime=${2:-oci}
 cargo build --release --locked --bin kinglet --example bench_pods >&2
 admin=$(tests/cluster/up.sh | tail -n1)
-node=bench-$$
+node=bench-$runtime-$$
 work=$(mktemp -d /tmp/kinglet-bench-pods.XXXXXX)
 root=$work/root
 kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
 tests/images/busybox.sh "$work/busybox.tar" >/dev/null
-target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
 printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
+if [ "$runtime" = cri ]; then
+  endpoint=$(tests/cluster/containerd-up.sh "$work/containerd" | tail -n1)
+  ctr --address "$work/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null
+  rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
+  levels=10,30
+else
+  target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
+  rt_args=(--cni-conf-dir "")
+  levels=10,30,110
+fi
 target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" --cni-conf-dir "" >"$work/kinglet.log" 2>&1 &
+  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" "${rt_args[@]}" >"$work/kinglet.log" 2>&1 &
 pid=$!
 cleanup() {
   set +e
   kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1
   # Let kinglet tear its pods down (containers, sandboxes, cgroups).
-  for _ in $(seq 1 120); do
+  for _ in $(seq 1 240); do
     [ "$(target/release/kinglet --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
     sleep 0.5
   done
@@ -47,6 +61,7 @@ PY
     parent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cgroup_parent"])' "$m")
     for h in /sys/fs/cgroup /sys/fs/cgroup/*; do rmdir "$h/$parent" 2>/dev/null; done
   done
+  [ "$runtime" = cri ] && tests/cluster/containerd-down.sh "$work/containerd"
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -55,4 +70,5 @@ for _ in $(seq 1 100); do
   kubectl --kubeconfig "$admin" get node "$node" 2>/dev/null | grep -qw Ready && break; sleep 0.2
 done
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, $(uname -r)"
-target/release/examples/bench_pods "$admin" "$node" "$root" "$pods"
+echo "runtime: $runtime$([ "$runtime" = cri ] && echo " ($(containerd --version | cut -d' ' -f3), runc $(runc --version | head -1 | cut -d' ' -f3))")"
+target/release/examples/bench_pods "$admin" "$node" "$work" "$pods" "$levels"
