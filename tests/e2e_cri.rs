@@ -236,6 +236,7 @@ async fn cri_calls_for_gc_probes_and_stats() {
         command: vec!["sleep".into(), "3000".into()],
         log_path: "c/0.log".into(),
         termination_message_path: "/dev/termination-log".into(),
+        seccomp_runtime_default: true,
         ..Default::default()
     };
     let id = rt.create_container(&sandbox, &cfg, &sb).await.unwrap();
@@ -262,6 +263,21 @@ async fn cri_calls_for_gc_probes_and_stats() {
     assert_eq!(
         (out.exit_code, out.stdout.as_slice(), out.stderr.as_slice()),
         (3, &b"hi\n"[..], &b"oops\n"[..])
+    );
+    // seccompProfile RuntimeDefault reaches containerd: PID 1 is filtered.
+    let out = rt
+        .exec_sync(
+            &id,
+            &["grep".into(), "Seccomp:".into(), "/proc/1/status".into()],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .nth(1),
+        Some("2")
     );
     let stats = rt.container_stats().await.unwrap();
     let s = stats.iter().find(|s| s.id == id).expect("container stats");

@@ -64,6 +64,9 @@ pub struct StatusBuilder {
     last: BTreeMap<&'static str, (String, Time)>,
     /// When each pressure kind was last observed, for the transition period.
     pressure_seen: BTreeMap<&'static str, Instant>,
+    /// The last `<runtime>://<version>` the runtime gave: kept while it is
+    /// down, as upstream keeps nodeInfo.
+    runtime_version: String,
 }
 
 fn ki(bytes: u64) -> Quantity {
@@ -76,6 +79,7 @@ impl StatusBuilder {
             cfg,
             last: BTreeMap::new(),
             pressure_seen: BTreeMap::new(),
+            runtime_version: String::new(),
         }
     }
 
@@ -235,6 +239,9 @@ impl StatusBuilder {
 
     /// One status round. `wall` stamps heartbeat and transition times.
     pub fn build(&mut self, r: &Readings, now: Instant, wall: Time) -> NodeStatus {
+        if !r.runtime_version.is_empty() {
+            self.runtime_version = r.runtime_version.clone();
+        }
         let (capacity, allocatable) = self.resources(r.nodefs);
 
         let mem = self.crossed(MEMORY_SIGNALS, r);
@@ -339,7 +346,7 @@ impl StatusBuilder {
             node_info: Some(NodeSystemInfo {
                 architecture: m.architecture.into(),
                 boot_id: m.boot_id.clone(),
-                container_runtime_version: r.runtime_version.clone(),
+                container_runtime_version: self.runtime_version.clone(),
                 kernel_version: m.kernel_version.clone(),
                 kube_proxy_version: String::new(),
                 kubelet_version: self.cfg.kubelet_version.clone(),

@@ -697,6 +697,11 @@ pub fn container_config(
         privileged,
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
         no_new_privileges: sc.allow_privilege_escalation == Some(false) && !privileged,
+        seccomp_runtime_default: sc
+            .seccomp_profile
+            .as_ref()
+            .or(pod_sc.seccomp_profile.as_ref())
+            .is_some_and(|p| p.type_ == "RuntimeDefault"),
         capabilities_add: caps.add.unwrap_or_default(),
         capabilities_drop: caps.drop.unwrap_or_default(),
         sysctls: pod_sc

@@ -40,7 +40,7 @@ cleanup() {
     sleep 0.5
   done
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  python3 - "$root/runtime/oci/monitor/monitor.sock" <<'PY' || true
+  [ "$runtime" = oci ] && python3 - "$root/runtime/oci/monitor/monitor.sock" <<'PY' || true
 import json, socket, sys
 def call(req):
     s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])

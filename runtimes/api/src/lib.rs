@@ -167,6 +167,8 @@ pub struct ContainerConfig {
     pub capabilities_drop: Vec<String>,
     pub sysctls: Vec<(String, String)>,
     pub termination_message_path: String,
+    /// `seccompProfile: RuntimeDefault` (container's, else the pod's).
+    pub seccomp_runtime_default: bool,
 }
 
 /// CRI container states.

@@ -708,6 +708,11 @@ impl Runtime for CriRuntime {
                             .collect(),
                         readonly_rootfs: cfg.readonly_rootfs,
                         no_new_privs: cfg.no_new_privileges,
+                        seccomp: cfg.seccomp_runtime_default.then(|| proto::SecurityProfile {
+                            profile_type: proto::security_profile::ProfileType::RuntimeDefault
+                                as i32,
+                            ..Default::default()
+                        }),
                         ..Default::default()
                     }),
                 }),
