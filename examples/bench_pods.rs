@@ -1,24 +1,33 @@
-//! Pod benchmark (prints figures; asserts nothing): startup latency from
-//! creation in the API to Running observed through a watch, for N pods
-//! created one after another, and the node's memory (kinglet and its runtime
-//! side: the monitor, or containerd and its shims) with 0, 10, 30 and 110
-//! sleeping pods.
+//! Pod benchmark driver (prints figures; asserts nothing), for any node
+//! agent joined to the loopback control plane (kinglet on either runtime, or
+//! the upstream kubelet with containerd):
+//! - startup latency from creation in the API to Running observed through a
+//!   watch, pods created one after another (as upstream's startup-latency
+//!   measurement does);
+//! - deletion latency, from the delete call to the object's disappearance;
+//! - memory (RSS, PSS) of the node's processes at 0 pods and at each level,
+//!   split into the agent (kinglet, kubelet) and its runtime side (kinglet's
+//!   monitor, containerd, shims);
+//! - CPU (ms per minute) of the same, over an idle window at 0 pods and at
+//!   the highest level; the window's wall-clock bounds are reported so API
+//!   requests in it can be counted from the apiserver's audit log.
 //!
-//! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS]]
+//! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS [IDLE_SECS [JSON_OUT]]]]
 //! PATTERN picks the node's processes by command line (its work dir);
 //! LEVELS is the pod counts to measure memory at, `10,30,110` by default.
-//! (tests/bench/pods.sh sets everything up.)
+//! (tests/bench/pods.sh and tests/bench/run.sh set everything up.)
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
+use serde_json::json;
 
 fn pod(name: &str, node: &str) -> Pod {
-    serde_json::from_value(serde_json::json!({
+    serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"bench": "kinglet"}},
         "spec": {
@@ -30,12 +39,19 @@ fn pod(name: &str, node: &str) -> Pod {
     .unwrap()
 }
 
-/// RSS and PSS (KiB) summed over processes whose command line matches, in
-/// all and by process name.
-fn memory(pattern: &str) -> (u64, u64, std::collections::BTreeMap<String, (u64, u64)>) {
-    let mut rss = 0;
-    let mut pss = 0;
-    let mut by_name = std::collections::BTreeMap::new();
+/// One process of the node.
+struct Proc {
+    name: String,
+    agent: bool,
+    rss: u64,
+    pss: u64,
+    /// utime + stime, clock ticks.
+    cpu_ticks: u64,
+}
+
+/// The node's processes: command lines containing `pattern`.
+fn processes(pattern: &str) -> Vec<Proc> {
+    let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
             continue;
@@ -48,29 +64,100 @@ fn memory(pattern: &str) -> (u64, u64, std::collections::BTreeMap<String, (u64, 
             .unwrap_or_default()
             .trim()
             .to_string();
+        let name = if comm == "kinglet" && cmd.contains(" monitor ") {
+            "kinglet-monitor".to_string()
+        } else {
+            comm
+        };
+        let (mut rss, mut pss) = (0, 0);
         if let Ok(s) = std::fs::read_to_string(e.path().join("smaps_rollup")) {
-            let entry: &mut (u64, u64) = by_name.entry(comm).or_default();
             for l in s.lines() {
-                let v = |l: &str| {
+                let v = || {
                     l.split_whitespace()
                         .nth(1)
                         .and_then(|x| x.parse::<u64>().ok())
                         .unwrap_or(0)
                 };
                 if l.starts_with("Rss:") {
-                    rss += v(l);
-                    entry.0 += v(l);
+                    rss += v();
                 } else if l.starts_with("Pss:") {
-                    pss += v(l);
-                    entry.1 += v(l);
+                    pss += v();
                 }
             }
         }
+        // Fields after the parenthesised name: utime and stime are the
+        // 12th and 13th.
+        let cpu_ticks = std::fs::read_to_string(e.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = s.rsplit_once(')')?.1.to_string();
+                let f: Vec<u64> = rest
+                    .split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                Some(f.iter().sum())
+            })
+            .unwrap_or(0);
+        out.push(Proc {
+            agent: name == "kinglet" || name == "kubelet",
+            name,
+            rss,
+            pss,
+            cpu_ticks,
+        });
     }
-    (rss, pss, by_name)
+    out
+}
+
+fn memory(pattern: &str, pods: usize) -> serde_json::Value {
+    let ps = processes(pattern);
+    let sum = |agent: bool, f: fn(&Proc) -> u64| -> u64 {
+        ps.iter().filter(|p| p.agent == agent).map(f).sum()
+    };
+    let mut by: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &ps {
+        *by.entry(p.name.clone()).or_default() += p.pss;
+    }
+    json!({
+        "pods": pods,
+        "agent_rss_kib": sum(true, |p| p.rss), "agent_pss_kib": sum(true, |p| p.pss),
+        "runtime_rss_kib": sum(false, |p| p.rss), "runtime_pss_kib": sum(false, |p| p.pss),
+        "pss_by_process_kib": by,
+    })
+}
+
+/// CPU milliseconds per minute of the agent and of its runtime side over
+/// `secs` of idling, with the window's wall-clock bounds (unix seconds).
+async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
+    let ticks = |agent: bool| -> BTreeMap<String, u64> {
+        processes(pattern)
+            .into_iter()
+            .filter(|p| p.agent == agent)
+            .map(|p| (format!("{}-{}", p.name, p.cpu_ticks), p.cpu_ticks))
+            .collect()
+    };
+    let total = |agent: bool| -> u64 { ticks(agent).values().sum() };
+    let (a0, r0) = (total(true), total(false));
+    let start = jiff::Timestamp::now().as_second();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let end = jiff::Timestamp::now().as_second();
+    let (a1, r1) = (total(true), total(false));
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let per_min = |d: u64| d as f64 * 1000.0 / hz * 60.0 / secs as f64;
+    json!({
+        "pods": pods, "seconds": secs, "start_unix": start, "end_unix": end,
+        "agent_cpu_ms_per_min": per_min(a1.saturating_sub(a0)),
+        "runtime_cpu_ms_per_min": per_min(r1.saturating_sub(r0)),
+    })
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
     s[((s.len() as f64 - 1.0) * p).round() as usize]
@@ -80,7 +167,7 @@ fn pct(v: &[f64], p: f64) -> f64 {
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().collect();
-    let (kc, node, root) = (&args[1], &args[2], &args[3]);
+    let (kc, node, pattern) = (&args[1], &args[2], args[3].as_str());
     let n: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(50);
     let levels: Vec<usize> = args
         .get(5)
@@ -88,23 +175,27 @@ async fn main() {
         .split(',')
         .filter_map(|s| s.parse().ok())
         .collect();
+    let idle: u64 = args.get(6).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let json_out = args.get(7);
     let kubeconfig = kube::config::Kubeconfig::read_from(kc).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .unwrap();
     let client = kube::Client::try_from(cfg).unwrap();
     let pods: Api<Pod> = Api::namespaced(client, "default");
-    let pattern = root.as_str();
     let mut mem = Vec::new();
+    let mut cpu = Vec::new();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    mem.push((0, memory(pattern)));
+    mem.push(memory(pattern, 0));
+    if idle > 0 {
+        cpu.push(idle_cpu(pattern, idle, 0).await);
+    }
 
     // Startup latency: created → Running seen through a watch.
     let mut stream = watcher(
         pods.clone(),
         watcher::Config::default().labels("bench=kinglet"),
     )
-    .applied_objects()
     .boxed();
     let mut created: HashMap<String, Instant> = HashMap::new();
     let mut lat = Vec::new();
@@ -116,28 +207,60 @@ async fn main() {
             .await
             .unwrap();
         created.insert(name.clone(), t);
-        // Wait for this pod to run before creating the next (serial, as
-        // upstream's startup-latency measurement does).
-        loop {
-            let Some(Ok(p)) = stream.next().await else {
+        // Wait for this pod to run before creating the next.
+        'wait: loop {
+            let Some(Ok(ev)) = stream.next().await else {
                 continue;
             };
-            let pn = p.metadata.name.clone().unwrap_or_default();
-            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            if running && let Some(t0) = created.remove(&pn) {
-                if lat.len() < n {
-                    lat.push(t0.elapsed().as_secs_f64() * 1000.0);
-                }
-                if pn == name {
-                    break;
+            let objs = match ev {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
+                _ => continue,
+            };
+            for p in objs {
+                let pn = p.metadata.name.clone().unwrap_or_default();
+                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                if running && let Some(t0) = created.remove(&pn) {
+                    if lat.len() < n {
+                        lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    if pn == name {
+                        break 'wait;
+                    }
                 }
             }
         }
         if levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            mem.push((i + 1, memory(pattern)));
+            mem.push(memory(pattern, i + 1));
         }
     }
+    if idle > 0 {
+        cpu.push(idle_cpu(pattern, idle, total).await);
+    }
+
+    // Deletion latency: delete → the object is gone (the node confirmed the
+    // containers stopped), one pod after another.
+    let mut del = Vec::new();
+    for i in 0..n.min(total) {
+        let name = format!("bench-{i}");
+        let t = Instant::now();
+        if pods.delete(&name, &DeleteParams::default()).await.is_err() {
+            continue;
+        }
+        loop {
+            match stream.next().await {
+                Some(Ok(watcher::Event::Delete(p)))
+                    if p.metadata.name.as_deref() == Some(&name) =>
+                {
+                    del.push(t.elapsed().as_secs_f64() * 1000.0);
+                    break;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+
     println!(
         "pod startup latency (created → Running via watch), {} pods, image present:",
         lat.len()
@@ -149,20 +272,47 @@ async fn main() {
         pct(&lat, 0.99),
         pct(&lat, 1.0)
     );
-    println!("node memory (kinglet and its runtime side), KiB:");
+    println!(
+        "pod deletion latency (delete → gone), {} pods: p50 {:.0} ms   p90 {:.0} ms",
+        del.len(),
+        pct(&del, 0.5),
+        pct(&del, 0.9)
+    );
+    println!("node memory (agent + runtime side), KiB:");
     println!("  {:>5} {:>8} {:>8}   PSS by process", "pods", "RSS", "PSS");
-    for (p, (rss, pss, by)) in &mem {
-        let parts: Vec<String> = by
-            .iter()
-            .map(|(name, (_, pss))| format!("{name} {pss}"))
+    for m in &mem {
+        let rss =
+            m["agent_rss_kib"].as_u64().unwrap_or(0) + m["runtime_rss_kib"].as_u64().unwrap_or(0);
+        let pss =
+            m["agent_pss_kib"].as_u64().unwrap_or(0) + m["runtime_pss_kib"].as_u64().unwrap_or(0);
+        let parts: Vec<String> = m["pss_by_process_kib"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        println!("  {p:>5} {rss:>8} {pss:>8}   {}", parts.join(", "));
-    }
-    if let (Some((_, (_, p0, _))), Some((k, (_, pk, _)))) = (mem.first(), mem.last()) {
         println!(
-            "  per pod: {:.1} KiB PSS",
-            (*pk as f64 - *p0 as f64) / *k as f64
+            "  {:>5} {rss:>8} {pss:>8}   {}",
+            m["pods"],
+            parts.join(", ")
         );
+    }
+    for c in &cpu {
+        println!(
+            "idle CPU at {} pods: agent {:.0} ms/min, runtime side {:.0} ms/min",
+            c["pods"],
+            c["agent_cpu_ms_per_min"].as_f64().unwrap_or(0.0),
+            c["runtime_cpu_ms_per_min"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(path) = json_out {
+        let doc = json!({
+            "startup_ms": lat, "startup_p50_ms": pct(&lat, 0.5), "startup_p90_ms": pct(&lat, 0.9),
+            "startup_p99_ms": pct(&lat, 0.99),
+            "delete_ms": del, "delete_p50_ms": pct(&del, 0.5), "delete_p90_ms": pct(&del, 0.9),
+            "memory": mem, "cpu": cpu,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
     }
     let _ = pods
         .delete_collection(

@@ -21,6 +21,7 @@ crate::both_runtimes!(
     restart_policy_never_fails_in_the_api_and_checkpoint_restores_pods,
     admission_rejects_pods_that_do_not_fit,
     env_reads_configmaps_and_secrets_through_the_node_authorizer,
+    image_pull_secrets_authenticate_pulls,
 );
 
 fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
@@ -403,5 +404,100 @@ async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
         .await;
     let _ = secrets
         .delete(&format!("{name}-s"), &DeleteParams::default())
+        .await;
+}
+
+async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
+    use k8s_openapi::api::core::v1::Secret;
+    let admin = admin().await;
+    let reg = common::registry::Registry::start(false, Some(("puller", "s3cret")));
+    let image = format!("{}/private/busybox:1", reg.host);
+    let flags = reg.push_flags();
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    common::oci::skopeo_copy(
+        &format!("oci-archive:{}", common::pods::busybox_archive().display()),
+        &format!("docker://{image}"),
+        &args,
+    );
+    let j = join(rt, "kl-pull");
+    if let Some(sock) = j.k.containerd_socket() {
+        // containerd reaches a plain-HTTP registry only where told to.
+        let d = sock.parent().unwrap().join("certs.d").join(&reg.host);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join("hosts.toml"),
+            format!(
+                "server = \"http://{h}\"\n[host.\"http://{h}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+                h = reg.host
+            ),
+        )
+        .unwrap();
+    }
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(30)).await;
+    let name = j.k.name.clone();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let docker_config = serde_json::json!({"auths": {reg.host.clone(): {"username": "puller", "password": "s3cret"}}});
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{name}-pull")},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": docker_config.to_string()},
+    }))
+    .unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    for (suffix, secret_line) in [
+        (
+            "with",
+            format!("  imagePullSecrets: [{{name: {name}-pull}}]\n"),
+        ),
+        ("without", String::new()),
+    ] {
+        let p: Pod = from_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{suffix}}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n{secret_line}  containers:\n  - {{name: c, image: '{image}', imagePullPolicy: Always, command: [sleep, '1000']}}\n"
+        ));
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    wait_for(
+        "the pod with the secret Running",
+        Duration::from_secs(60),
+        || async {
+            pods.get_opt(&format!("{name}-with"))
+                .await
+                .ok()
+                .flatten()
+                .filter(running)
+        },
+    )
+    .await;
+    let w = wait_for(
+        "the pod without it failing to pull",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get_opt(&format!("{name}-without")).await.ok()??;
+            let w = p.status?.container_statuses?[0].state.clone()?.waiting?;
+            matches!(
+                w.reason.as_deref(),
+                Some("ErrImagePull" | "ImagePullBackOff")
+            )
+            .then_some(w)
+        },
+    )
+    .await;
+    eprintln!("without credentials: {w:?}");
+    for suffix in ["with", "without"] {
+        let _ = pods
+            .delete(
+                &format!("{name}-{suffix}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+    let _ = secrets
+        .delete(&format!("{name}-pull"), &DeleteParams::default())
         .await;
 }

@@ -267,7 +267,8 @@ impl Worker {
         )
         .await;
         let started = Instant::now();
-        match self.runtime.pull_image(&image, &[]).await {
+        let auth = self.pull_auth(pod, &image).await;
+        match self.runtime.pull_image(&image, &auth).await {
             Ok(info) => {
                 self.image_backoff.remove(&image);
                 self.event(
@@ -640,6 +641,56 @@ impl Worker {
         self.report(pod, current, true).await;
         // Soon after starting something, look again (the relist also will).
         wake
+    }
+
+    /// Credentials for `image` from the pod's imagePullSecrets, tried in
+    /// order by the runtime, as upstream's keyring does.
+    async fn pull_auth(&self, pod: &Pod, image: &str) -> Vec<kinglet_runtime::PullAuth> {
+        let names: Vec<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let Ok(reference) = kinglet_runtime_oci::images::parse_reference(image) else {
+            return Vec::new();
+        };
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let (ns, _) = convert::namespace_and_name(pod);
+        let mut raw = Vec::new();
+        let mut missing = Vec::new();
+        for n in names {
+            let got = match &self.node.objects {
+                Some(src) => src
+                    .get(convert::ObjectKind::Secret, &ns, &n)
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            match got.and_then(|d| d.get(".dockerconfigjson").cloned()) {
+                Some(v) => raw.push(v.into_bytes()),
+                None => missing.push(n),
+            }
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                missing.join(", ")
+            );
+            self.event(pod, "Warning", "FailedToRetrieveImagePullSecret", msg)
+                .await;
+        }
+        kinglet_runtime_oci::images::auth::credentials_from_secrets(&raw, reference.registry())
+            .into_iter()
+            .map(|c| kinglet_runtime::PullAuth {
+                username: c.username,
+                password: c.password,
+            })
+            .collect()
     }
 
     /// Fetches the ConfigMaps and Secrets `c`'s environment reads.

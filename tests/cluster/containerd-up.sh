@@ -25,7 +25,7 @@ if [ -S "$sock" ] && [ -f "$dir/containerd.pid" ] && kill -0 "$(cat "$dir/contai
   exit 0
 fi
 cni_dir=$(realpath -m "${2:-$dir/net.d}")
-mkdir -p "$dir/root" "$dir/state" "$dir/ipam" "$dir/images" "$cni_dir"
+mkdir -p "$dir/root" "$dir/state" "$dir/ipam" "$dir/images" "$dir/certs.d" "$cni_dir"
 echo "$cni_dir" > "$dir/cni-conf-dir"
 [ -n "${2:-}" ] || cat > "$dir/net.d/10-kinglet-test.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "kinglet-test",
@@ -54,6 +54,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
   # Lets containers have OOM scores below containerd's own only where it
   # has CAP_SYS_RESOURCE (test sandboxes may not).
   restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # Per-registry hosts.toml files, read at each pull (tests add theirs).
+    config_path = "$dir/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$cni_dir"

@@ -500,9 +500,17 @@ impl Runtime for CriRuntime {
                     },
                     REQUEST_TIMEOUT,
                 ))
-                .await
-                .map_err(|e| status_err("RunPodSandbox", e))?;
-            Ok(resp.into_inner().pod_sandbox_id)
+                .await;
+            match resp {
+                Ok(r) => Ok(r.into_inner().pod_sandbox_id),
+                Err(e) => {
+                    // What a failed attempt left (runc may have made the
+                    // cgroups) goes now: no sandbox will carry it away.
+                    self.remove_pod_cgroup(&cfg.cgroup_parent);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    Err(status_err("RunPodSandbox", e))
+                }
+            }
         })
     }
 

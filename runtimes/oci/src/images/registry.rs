@@ -188,10 +188,18 @@ impl Puller {
         &self.store
     }
 
-    fn client(&self, ep: &Endpoint) -> Client {
+    /// One client per endpoint and credentials: an oci-client `Client`
+    /// keeps the first credentials it was given for a registry, so pulls
+    /// with other credentials (another pod's pull secret) need their own.
+    fn client(&self, ep: &Endpoint, auth: &RegistryAuth) -> Client {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let who = match auth {
+            RegistryAuth::Anonymous => String::new(),
+            RegistryAuth::Basic(u, p) => sha256_digest(format!("{u}\0{p}").as_bytes()),
+            RegistryAuth::Bearer(t) => sha256_digest(t.as_bytes()),
+        };
         let key = format!(
-            "{}://{}",
+            "{}://{}#{who}",
             if ep.plain_http { "http" } else { "https" },
             ep.host
         );
@@ -283,7 +291,6 @@ impl Puller {
         secrets: &[Credentials],
     ) -> Result<ImageRecord, ImageError> {
         let name = canonical(r);
-        let client = self.client(ep);
         let target = if ep.host == r.registry() {
             r.clone()
         } else {
@@ -310,9 +317,10 @@ impl Puller {
         let mut fetched = None;
         let mut last_err = None;
         for auth in &auths {
+            let client = self.client(ep, auth);
             match client.pull_manifest_raw(&target, auth, ACCEPT).await {
                 Ok(m) => {
-                    fetched = Some((m, auth.clone()));
+                    fetched = Some((m, auth.clone(), client));
                     break;
                 }
                 Err(e) => {
@@ -325,7 +333,7 @@ impl Puller {
                 }
             }
         }
-        let Some(((bytes, _), auth)) = fetched else {
+        let Some(((bytes, _), auth, client)) = fetched else {
             return Err(last_err.unwrap_or_else(|| ImageError::Registry {
                 image: name.clone(),
                 message: "no manifest".into(),

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Turns the per-node results of tests/bench/run.sh into a table on stdout,
+results.json (one entry per node and metric, with the run's conditions),
+results.md, and two SVG plots (memory vs pods, startup-latency CDF).
+Ratios are computed within the run; nothing is asserted.
+
+    report.py OUT_DIR QUICK SECONDS NODE.json...
+"""
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+out, quick, seconds = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+nodes = []
+for p in sys.argv[4:]:
+    try:
+        nodes.append(json.load(open(p)))
+    except (OSError, ValueError):
+        nodes.append({"node": os.path.basename(p)[:-5], "error": "no result"})
+BASE = "kubelet-containerd"
+
+
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
+
+
+mem_total = int(open("/proc/meminfo").read().split()[1]) // 1024
+conditions = {
+    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    "quick": quick,
+    "run_seconds": seconds,
+    "machine": f"{os.cpu_count()} cores, {mem_total} MiB, {platform.system()} {platform.release()}",
+    "containerd": sh("containerd --version").split(" ")[2:3],
+    "runc": sh("runc --version | head -1"),
+    "note": "nodes run one after another on the same machine; figures are from this run only",
+}
+
+rows = []  # (metric, unit, {node: value})
+
+
+def add(metric, unit, f):
+    vals = {}
+    for n in nodes:
+        if "error" in n:
+            vals[n["node"]] = None
+            continue
+        try:
+            vals[n["node"]] = f(n)
+        except (KeyError, IndexError, TypeError):
+            vals[n["node"]] = None
+    rows.append((metric, unit, vals))
+
+
+def mem_at(n, pods, key):
+    for m in n["memory"]:
+        if m["pods"] == pods:
+            return m[key] / 1024.0
+    raise KeyError(pods)
+
+
+add("agent binary", "MB", lambda n: n["agent_binary_bytes"] / 1e6)
+add("runtime binaries (containerd, shim, runc)", "MB", lambda n: n["runtime_binary_bytes"] / 1e6)
+levels = sorted({m["pods"] for n in nodes if "error" not in n for m in n["memory"]})
+for lv in levels:
+    add(f"memory at {lv} pods: agent PSS", "MiB", lambda n, lv=lv: mem_at(n, lv, "agent_pss_kib"))
+    add(f"memory at {lv} pods: runtime side PSS", "MiB", lambda n, lv=lv: mem_at(n, lv, "runtime_pss_kib"))
+    add(f"memory at {lv} pods: node total PSS", "MiB",
+        lambda n, lv=lv: mem_at(n, lv, "agent_pss_kib") + mem_at(n, lv, "runtime_pss_kib"))
+    add(f"memory at {lv} pods: node total RSS", "MiB",
+        lambda n, lv=lv: mem_at(n, lv, "agent_rss_kib") + mem_at(n, lv, "runtime_rss_kib"))
+for i, label in ((0, "idle at 0 pods"), (-1, "idle at the top level")):
+    add(f"CPU {label}: agent", "ms/min", lambda n, i=i: n["cpu"][i]["agent_cpu_ms_per_min"])
+    add(f"CPU {label}: runtime side", "ms/min", lambda n, i=i: n["cpu"][i]["runtime_cpu_ms_per_min"])
+    add(f"API requests {label}", "req/min", lambda n, i=i: n["cpu"][i]["api_requests_per_min"])
+add("pod startup p50", "ms", lambda n: n["startup_p50_ms"])
+add("pod startup p90", "ms", lambda n: n["startup_p90_ms"])
+add("pod startup p99", "ms", lambda n: n["startup_p99_ms"])
+add("pod deletion p50", "ms", lambda n: n["delete_p50_ms"])
+add("pod deletion p90", "ms", lambda n: n["delete_p90_ms"])
+add("memory-pressure reaction (20 MiB/s ramp → eviction)", "s", lambda n: None)
+PENDING = {"memory-pressure reaction (20 MiB/s ramp → eviction)": "pending: kinglet does not evict yet"}
+
+names = [n["node"] for n in nodes]
+
+
+def fmt(v):
+    if v is None:
+        return "pending"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def ratio(v, base):
+    if v is None or base in (None, 0):
+        return None
+    return v / base
+
+
+# stdout table
+header = ["metric", "unit"] + names + [f"{n}/{BASE}" for n in names if n != BASE]
+table = []
+for metric, unit, vals in rows:
+    line = [metric, unit] + [fmt(vals.get(n)) for n in names]
+    for n in names:
+        if n != BASE:
+            r = ratio(vals.get(n), vals.get(BASE))
+            line.append("-" if r is None else f"{r:.2f}")
+    table.append(line)
+widths = [max(len(str(r[i])) for r in table + [header]) for i in range(len(header))]
+print(f"machine: {conditions['machine']}; run took {seconds} s{' (quick)' if quick else ''}")
+for r in [header] + table:
+    print("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+os.makedirs(out, exist_ok=True)
+results = []
+for metric, unit, vals in rows:
+    for n in names:
+        e = {"node": n, "metric": metric, "unit": unit, "value": vals.get(n)}
+        if vals.get(n) is None:
+            e["status"] = PENDING.get(metric, "pending: not measured in this run")
+        r = ratio(vals.get(n), vals.get(BASE))
+        if n != BASE and r is not None:
+            e["ratio_to_" + BASE.replace("-", "_")] = r
+        results.append(e)
+for n in nodes:
+    if "error" in n:
+        results.append({"node": n["node"], "metric": "error", "value": None, "status": n["error"]})
+json.dump({"conditions": conditions, "results": results,
+           "raw": {n["node"]: n for n in nodes}}, open(os.path.join(out, "results.json"), "w"), indent=1)
+
+with open(os.path.join(out, "results.md"), "w") as f:
+    f.write(f"Machine: {conditions['machine']}; {conditions['date']}; "
+            f"{'quick run' if quick else 'full run'} ({seconds} s). Ratios are to {BASE}, within this run.\n\n")
+    f.write("| " + " | ".join(header) + " |\n")
+    f.write("|" + "---|" * len(header) + "\n")
+    for r in table:
+        f.write("| " + " | ".join(str(c) for c in r) + " |\n")
+    f.write("\n![memory vs pods](memory.svg) ![startup latency](startup.svg)\n")
+
+COLORS = {"kubelet-containerd": "#d62728", "kinglet-oci": "#2ca02c", "kinglet-cri": "#1f77b4"}
+
+
+def svg_plot(path, title, xlabel, ylabel, series):
+    """series: {name: [(x, y), ...]}; a line chart with axes and a legend."""
+    W, H, L, R, T, B = 640, 400, 70, 170, 40, 50
+    pts = [p for s in series.values() for p in s]
+    if not pts:
+        pts = [(0, 0), (1, 1)]
+    xmax = max(p[0] for p in pts) or 1
+    ymax = max(p[1] for p in pts) * 1.1 or 1
+    sx = lambda x: L + (W - L - R) * x / xmax
+    sy = lambda y: H - B - (H - T - B) * y / ymax
+    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+         f'<rect width="{W}" height="{H}" fill="white"/>',
+         f'<text x="{W/2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
+         f'<line x1="{L}" y1="{H-B}" x2="{W-R}" y2="{H-B}" stroke="black"/>',
+         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-B}" stroke="black"/>',
+         f'<text x="{(L+W-R)/2}" y="{H-12}" text-anchor="middle">{xlabel}</text>',
+         f'<text x="16" y="{(T+H-B)/2}" text-anchor="middle" transform="rotate(-90 16 {(T+H-B)/2})">{ylabel}</text>']
+    for i in range(6):
+        x, y = xmax * i / 5, ymax * i / 5
+        o.append(f'<text x="{sx(x)}" y="{H-B+16}" text-anchor="middle">{x:.0f}</text>')
+        o.append(f'<text x="{L-6}" y="{sy(y)+4}" text-anchor="end">{y:.0f}</text>')
+        o.append(f'<line x1="{L}" y1="{sy(y)}" x2="{W-R}" y2="{sy(y)}" stroke="#eee"/>')
+    for k, (name, s) in enumerate(series.items()):
+        c = COLORS.get(name, "black")
+        if s:
+            o.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
+                     + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s) + '"/>')
+            if len(s) < 20:
+                o += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
+        o.append(f'<rect x="{W-R+15}" y="{T+20*k}" width="12" height="12" fill="{c}"/>')
+        o.append(f'<text x="{W-R+32}" y="{T+20*k+11}">{name}</text>')
+    o.append("</svg>")
+    open(path, "w").write("\n".join(o) + "\n")
+
+
+svg_plot(os.path.join(out, "memory.svg"), "Node memory (agent + runtime side, PSS) vs pods",
+         "sleeping pods", "MiB",
+         {n["node"]: [(m["pods"], (m["agent_pss_kib"] + m["runtime_pss_kib"]) / 1024.0) for m in n["memory"]]
+          for n in nodes if "error" not in n})
+svg_plot(os.path.join(out, "startup.svg"), "Pod startup latency (created → Running), CDF",
+         "ms", "% of pods",
+         {n["node"]: [(v, 100.0 * (i + 1) / len(n["startup_ms"])) for i, v in enumerate(sorted(n["startup_ms"]))]
+          for n in nodes if "error" not in n and n.get("startup_ms")})
+print(f"wrote {out}/results.json, results.md, memory.svg, startup.svg")

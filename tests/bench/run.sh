@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# Benchmarks side by side with the upstream kubelet (prints figures, asserts
+# nothing). Three nodes join the loopback control plane one after another,
+# each with its own root, state, log dirs and pod network:
+#   kubelet-containerd  the upstream kubelet (built from tests/cluster's Go
+#                       module) with a private containerd, runc, CNI
+#   kinglet-oci         kinglet's in-process runtime (CNI bridge too)
+#   kinglet-cri         kinglet --runtime cri with a private containerd
+# For each: binary size; memory (RSS/PSS) of the agent and of its runtime
+# side at 0 pods and at each level; idle CPU (ms/min) at 0 pods and at the
+# top level; pod startup latency p50/p90/p99 (created → Running via a
+# watch, image present); deletion latency; API requests per minute at steady
+# state (the apiserver's audit log, by node user). Memory-pressure reaction
+# is reported as pending until kinglet evicts.
+# Output: a table on stdout, target/bench/results.{json,md}, and SVG plots
+# target/bench/memory.svg and target/bench/startup.svg.
+#   tests/bench/run.sh [--quick]      (--quick: fewer pods and samples)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+quick=0
+[ "${1:-}" = --quick ] && quick=1
+if [ "$quick" = 1 ]; then
+  pods=10 levels=5,10 idle=10
+else
+  pods=50 levels=10,30,110 idle=60
+fi
+export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
+start=$(date +%s)
+cargo build --release --locked --bin kinglet --example bench_pods >&2
+kubelet=$(tests/bench/build-kubelet.sh | tail -n1)
+admin=$(tests/cluster/up.sh | tail -n1)
+out=target/bench
+mkdir -p "$out"
+work=$(mktemp -d /tmp/kinglet-bench.XXXXXX)
+tests/images/busybox.sh "$work/busybox.tar" >/dev/null
+
+# The upstream kubelet sets kernel tunables when it starts; put them back.
+sysctls=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+declare -A saved
+for s in "${sysctls[@]}"; do saved[$s]=$(cat "/proc/sys/$s" 2>/dev/null || true); done
+
+agent_pid="" node="" dir=""
+stop_node() {
+  set +e
+  [ -n "$node" ] || return 0
+  kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1
+  if [ -n "$agent_pid" ]; then
+    kill "$agent_pid" 2>/dev/null
+    for _ in $(seq 1 50); do kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$agent_pid" 2>/dev/null
+    wait "$agent_pid" 2>/dev/null
+  fi
+  # kinglet's monitor and its containers; containerd and its containers.
+  if [ -S "$dir/root/runtime/oci/monitor/monitor.sock" ]; then
+    python3 - "$dir/root/runtime/oci/monitor/monitor.sock" <<'PY'
+import json, socket, sys
+def call(req):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+    s.sendall((json.dumps(req) + "\n").encode()); d = b""
+    while not d.endswith(b"\n"):
+        c = s.recv(65536)
+        if not c: break
+        d += c
+    return json.loads(d) if d else {}
+for r in call({"op": "list"}).get("records", []):
+    call({"op": "delete", "id": r["id"]})
+try: call({"op": "exit"})
+except Exception: pass
+PY
+    for m in "$dir"/root/runtime/oci/sandboxes/*/meta.json; do
+      [ -f "$m" ] || continue
+      parent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cgroup_parent"])' "$m")
+      for h in /sys/fs/cgroup /sys/fs/cgroup/*; do rmdir "$h/$parent" 2>/dev/null; done
+    done
+    for n in "$dir"/root/runtime/oci/sandboxes/*/netns; do
+      [ -e "$n" ] && umount -l "$n" 2>/dev/null
+    done
+  fi
+  [ -d "$dir/containerd" ] && tests/cluster/containerd-down.sh "$dir/containerd"
+  awk -v d="$dir/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null; done
+  # Pod cgroups the upstream kubelet leaves (it never removes its QoS tiers).
+  for h in /sys/fs/cgroup /sys/fs/cgroup/*; do
+    for q in kubepods/besteffort kubepods/burstable; do
+      for p in "$h/$q"/pod*; do [ -d "$p" ] && find "$p" -depth -type d -exec rmdir {} + 2>/dev/null; done
+    done
+  done
+  [ -n "${bridge:-}" ] && ip link del "$bridge" 2>/dev/null
+  kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1
+  agent_pid="" node=""
+  set -e
+}
+finish() {
+  stop_node
+  for s in "${sysctls[@]}"; do
+    [ -n "${saved[$s]}" ] && echo "${saved[$s]}" > "/proc/sys/$s" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap finish EXIT
+
+wait_ready() {
+  for _ in $(seq 1 300); do
+    [ "$(kubectl --kubeconfig "$admin" get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && return 0
+    kill -0 "$agent_pid" 2>/dev/null || { echo "bench: the agent of $1 exited" >&2; return 1; }
+    sleep 0.2
+  done
+  echo "bench: $1 not Ready" >&2
+  return 1
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+run_node() {
+  local kind=$1
+  dir=$work/$kind
+  node=bench-$kind-$$
+  mkdir -p "$dir/logs"
+  local kc
+  kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
+  local endpoint=""
+  case $kind in
+    kubelet-containerd | kinglet-cri)
+      endpoint=$(tests/cluster/containerd-up.sh "$dir/containerd" | tail -n1)
+      ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null
+      bridge=$(tr -d '\n ' < "$dir/containerd/net.d/10-kinglet-test.conflist" | grep -o '"bridge":"[^"]*"' | cut -d'"' -f4)
+      ;;
+    kinglet-oci)
+      target/release/kinglet --root-dir "$dir/root" images import "$work/busybox.tar" >/dev/null
+      bridge=kbo$(( $$ % 100000 ))
+      mkdir -p "$dir/net.d"
+      printf '{"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge", "bridge": "%s", "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.209.%d.0/24"}]], "dataDir": "%s/ipam"}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}\n' \
+        "$bridge" $(( $$ % 250 )) "$dir" > "$dir/net.d/10-bench.conflist"
+      ;;
+  esac
+  case $kind in
+    kubelet-containerd)
+      cat > "$dir/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: $(free_port)
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $(free_port)
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $KINGLET_CLUSTER_DIR/pki/ca.crt}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: $endpoint
+podLogsDir: $dir/logs
+resolvConf: /etc/resolv.conf
+evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+YAML
+      "$kubelet" --kubeconfig "$kc" --config "$dir/config.yaml" --root-dir "$dir/root" \
+        --cert-dir "$dir/pki" --hostname-override "$node" --node-ip 127.0.0.1 --v 1 \
+        >"$dir/agent.log" 2>&1 &
+      ;;
+    kinglet-oci | kinglet-cri)
+      printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$dir/config.yaml"
+      local rt_args=(--cni-conf-dir "$dir/net.d")
+      [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
+      target/release/kinglet --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+        --node-ip 127.0.0.1 --root-dir "$dir/root" --pod-log-dir "$dir/logs" "${rt_args[@]}" \
+        >"$dir/agent.log" 2>&1 &
+      ;;
+  esac
+  agent_pid=$!
+  if ! wait_ready "$node"; then
+    tail -20 "$dir/agent.log" >&2
+    echo "{\"node\": \"$kind\", \"error\": \"not Ready\"}" > "$work/$kind.json"
+    stop_node
+    return 0
+  fi
+  echo "== $kind" >&2
+  target/release/examples/bench_pods "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
+  # Sizes: the agent, and the runtime side's executables.
+  local agent_bin runtime_bins=()
+  case $kind in
+    kubelet-containerd) agent_bin=$kubelet; runtime_bins=(containerd containerd-shim-runc-v2 runc) ;;
+    kinglet-oci) agent_bin=target/release/kinglet ;;
+    kinglet-cri) agent_bin=target/release/kinglet; runtime_bins=(containerd containerd-shim-runc-v2 runc) ;;
+  esac
+  local runtime_size=0
+  for b in "${runtime_bins[@]}"; do
+    runtime_size=$(( runtime_size + $(stat -Lc %s "$(command -v "$b")") ))
+  done
+  python3 - "$dir/result.json" "$work/$kind.json" "$kind" "$node" "$(stat -Lc %s "$agent_bin")" "$runtime_size" \
+    "$KINGLET_CLUSTER_DIR/logs/audit.log" <<'PY'
+import json, sys, datetime
+src, dst, kind, node, agent_size, runtime_size, audit = sys.argv[1:8]
+r = json.load(open(src))
+r.update(node=kind, agent_binary_bytes=int(agent_size), runtime_binary_bytes=int(runtime_size))
+user = "system:node:" + node
+def parse(ts):
+    return datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+for c in r.get("cpu", []):
+    n = 0
+    try:
+        with open(audit) as f:
+            for line in f:
+                if user not in line:
+                    continue
+                e = json.loads(line)
+                if e.get("user", {}).get("username") != user or e.get("stage") not in ("ResponseComplete", "ResponseStarted"):
+                    continue
+                # A watch shows up as ResponseStarted; everything else once, complete.
+                if e.get("stage") == "ResponseStarted" and e.get("verb") != "watch":
+                    continue
+                t = parse(e.get("stageTimestamp") or e["requestReceivedTimestamp"])
+                if c["start_unix"] <= t < c["end_unix"]:
+                    n += 1
+        c["api_requests_per_min"] = n * 60.0 / max(1, c["end_unix"] - c["start_unix"])
+    except FileNotFoundError:
+        c["api_requests_per_min"] = None
+json.dump(r, open(dst, "w"), indent=1)
+PY
+  stop_node
+}
+
+for kind in kubelet-containerd kinglet-oci kinglet-cri; do
+  run_node "$kind"
+done
+python3 tests/bench/report.py "$out" "$quick" "$(( $(date +%s) - start ))" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json

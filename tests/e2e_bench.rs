@@ -1,0 +1,82 @@
+//! The side-by-side benchmark harness (`tests/bench/run.sh --quick`) runs in
+//! the suite so it never rots: the upstream kubelet with containerd, kinglet
+//! in-process and kinglet with containerd all join the loopback control
+//! plane, run pods, and report. Nothing here asserts on a timing or a size:
+//! only that every figure the harness promises was measured (or is marked
+//! pending for a documented reason) and that the run left nothing behind.
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn quick_benchmark_measures_all_three_nodes() {
+    common::cluster();
+    let out = Command::new(common::repo().join("tests/bench/run.sh"))
+        .arg("--quick")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(out.status.success(), "bench failed:\n{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(common::repo().join("target/bench/results.json")).unwrap(),
+    )
+    .unwrap();
+    let results = doc["results"].as_array().unwrap();
+    for node in ["kubelet-containerd", "kinglet-oci", "kinglet-cri"] {
+        let value = |metric: &str| {
+            results
+                .iter()
+                .find(|r| r["node"] == node && r["metric"] == metric)
+                .unwrap_or_else(|| panic!("{node}: no {metric}"))["value"]
+                .clone()
+        };
+        for metric in [
+            "agent binary",
+            "memory at 0 pods: node total PSS",
+            "memory at 10 pods: node total PSS",
+            "pod startup p50",
+            "pod startup p99",
+            "pod deletion p50",
+            "CPU idle at 0 pods: agent",
+            "API requests idle at 0 pods",
+        ] {
+            assert!(
+                value(metric).as_f64().is_some_and(|v| v > 0.0),
+                "{node}: {metric} not measured: {}",
+                stderr
+            );
+        }
+        assert!(
+            results.iter().any(|r| r["node"] == node
+                && r["metric"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("memory-pressure"))
+                && r["status"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("pending"))),
+            "{node}: memory-pressure reaction not reported as pending"
+        );
+    }
+    for f in ["results.md", "memory.svg", "startup.svg"] {
+        let p = common::repo().join("target/bench").join(f);
+        assert!(
+            std::fs::metadata(&p).is_ok_and(|m| m.len() > 100),
+            "{}",
+            p.display()
+        );
+    }
+    // Nothing left running: no bench agent, containerd or shim.
+    let ps = Command::new("pgrep")
+        .args(["-af", "kinglet-bench"])
+        .output()
+        .unwrap();
+    let left: Vec<String> = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|l| !l.contains("pgrep"))
+        .map(String::from)
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+}
