@@ -45,8 +45,8 @@ struct Proc {
     agent: bool,
     rss: u64,
     pss: u64,
-    /// utime + stime, clock ticks.
-    cpu_ticks: u64,
+    /// CPU time of all its threads, nanoseconds (schedstat).
+    cpu_ns: u64,
 }
 
 /// The node's processes: command lines containing `pattern`.
@@ -85,27 +85,27 @@ fn processes(pattern: &str) -> Vec<Proc> {
                 }
             }
         }
-        // Fields after the parenthesised name: utime and stime are the
-        // 12th and 13th.
-        let cpu_ticks = std::fs::read_to_string(e.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = s.rsplit_once(')')?.1.to_string();
-                let f: Vec<u64> = rest
+        // Nanosecond run time of each thread (clock ticks are too coarse
+        // for agents that idle at a few ms per minute).
+        let cpu_ns = std::fs::read_dir(e.path().join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| {
+                std::fs::read_to_string(t.path().join("schedstat"))
+                    .ok()?
                     .split_whitespace()
-                    .skip(11)
-                    .take(2)
-                    .filter_map(|x| x.parse().ok())
-                    .collect();
-                Some(f.iter().sum())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
             })
-            .unwrap_or(0);
+            .sum();
         out.push(Proc {
             agent: name == "kinglet" || name == "kubelet",
             name,
             rss,
             pss,
-            cpu_ticks,
+            cpu_ns,
         });
     }
     out
@@ -131,22 +131,19 @@ fn memory(pattern: &str, pods: usize) -> serde_json::Value {
 /// CPU milliseconds per minute of the agent and of its runtime side over
 /// `secs` of idling, with the window's wall-clock bounds (unix seconds).
 async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
-    let ticks = |agent: bool| -> BTreeMap<String, u64> {
+    let total = |agent: bool| -> u64 {
         processes(pattern)
-            .into_iter()
+            .iter()
             .filter(|p| p.agent == agent)
-            .map(|p| (format!("{}-{}", p.name, p.cpu_ticks), p.cpu_ticks))
-            .collect()
+            .map(|p| p.cpu_ns)
+            .sum()
     };
-    let total = |agent: bool| -> u64 { ticks(agent).values().sum() };
     let (a0, r0) = (total(true), total(false));
     let start = jiff::Timestamp::now().as_second();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let end = jiff::Timestamp::now().as_second();
     let (a1, r1) = (total(true), total(false));
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    let per_min = |d: u64| d as f64 * 1000.0 / hz * 60.0 / secs as f64;
+    let per_min = |d: u64| d as f64 / 1e6 * 60.0 / secs as f64;
     json!({
         "pods": pods, "seconds": secs, "start_unix": start, "end_unix": end,
         "agent_cpu_ms_per_min": per_min(a1.saturating_sub(a0)),
@@ -241,7 +238,11 @@ async fn main() {
     // Deletion latency: delete → the object is gone (the node confirmed the
     // containers stopped), one pod after another.
     let mut del = Vec::new();
-    for i in 0..n.min(total) {
+    let deletes: usize = std::env::var("BENCH_DELETES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(n);
+    for i in 0..n.min(total).min(deletes) {
         let name = format!("bench-{i}");
         let t = Instant::now();
         if pods.delete(&name, &DeleteParams::default()).await.is_err() {

@@ -25,3 +25,5 @@ if ! command -v cargo-zigbuild >/dev/null || ! python3 -m ziglang version >/dev/
   python3 -m pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild
 fi
 tests/cluster/build.sh >/dev/null
+# The upstream kubelet, for the side-by-side benchmark (tests/bench/run.sh).
+tests/bench/build-kubelet.sh >/dev/null

@@ -65,7 +65,7 @@ def mem_at(n, pods, key):
 
 
 add("agent binary", "MB", lambda n: n["agent_binary_bytes"] / 1e6)
-add("runtime binaries (containerd, shim, runc)", "MB", lambda n: n["runtime_binary_bytes"] / 1e6)
+add("runtime binaries (containerd, shim, runc; none in-process)", "MB", lambda n: n["runtime_binary_bytes"] / 1e6)
 levels = sorted({m["pods"] for n in nodes if "error" not in n for m in n["memory"]})
 for lv in levels:
     add(f"memory at {lv} pods: agent PSS", "MiB", lambda n, lv=lv: mem_at(n, lv, "agent_pss_kib"))

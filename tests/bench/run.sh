@@ -20,9 +20,11 @@ cd "$(dirname "$0")/../.."
 quick=0
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
-  pods=10 levels=5,10 idle=10
+  pods=10 levels=10 idle=5
+  export BENCH_DELETES=5
 else
   pods=50 levels=10,30,110 idle=60
+  export BENCH_DELETES=20
 fi
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 start=$(date +%s)
