@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinglet_runtime::{
-    BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ImageFailure,
-    ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus, RuntimeVersion,
-    SandboxConfig, SandboxStatus,
+    BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
+    ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
+    RuntimeVersion, SandboxConfig, SandboxStatus, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -464,6 +464,50 @@ fn resolve_user(user: &str, rootfs: &Path) -> (u32, u32) {
         None => pgid,
     };
     (uid, gid)
+}
+
+/// CPU time and working set of the cgroup at `path` (relative to the
+/// hierarchy root), from cgroup v2 files or the v1 cpuacct and memory
+/// controllers. Working set = usage − inactive file, as upstream's cAdvisor.
+fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
+    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let stat_value = |text: &str, key: &str| -> u64 {
+        text.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0)
+    };
+    let path = path.trim_start_matches('/');
+    let (cpu, usage, inactive): (u64, u64, u64) = if root.join("cgroup.controllers").exists() {
+        let dir = root.join(path);
+        let mem = read(dir.join("memory.stat"));
+        (
+            stat_value(&read(dir.join("cpu.stat")), "usage_usec") * 1000,
+            read(dir.join("memory.current")).trim().parse().unwrap_or(0),
+            stat_value(&mem, "inactive_file"),
+        )
+    } else {
+        let mem = read(root.join("memory").join(path).join("memory.stat"));
+        (
+            read(root.join("cpuacct").join(path).join("cpuacct.usage"))
+                .trim()
+                .parse()
+                .unwrap_or(0),
+            read(root.join("memory").join(path).join("memory.usage_in_bytes"))
+                .trim()
+                .parse()
+                .unwrap_or(0),
+            stat_value(&mem, "total_inactive_file"),
+        )
+    };
+    Usage {
+        id,
+        pod_uid,
+        cpu_usage_core_nanos: cpu,
+        memory_working_set_bytes: usage.saturating_sub(inactive),
+    }
 }
 
 /// A STOPSIGNAL as images write it (`SIGQUIT`, `QUIT`, `3`); 0 when
@@ -987,10 +1031,131 @@ impl Runtime for OciRuntime {
             }))
         })
     }
+
+    fn list_images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, RuntimeError>> {
+        Box::pin(async move {
+            let index = self
+                .store
+                .read_index()
+                .map_err(|e| rt_err("image store", e))?;
+            Ok(index
+                .images
+                .values()
+                .map(|r| ImageInfo {
+                    id: r.id.clone(),
+                    repo_tags: index.names_of(&r.id),
+                    repo_digests: r.repo_digests.iter().cloned().collect(),
+                    size: r.size,
+                })
+                .collect())
+        })
+    }
+
+    fn remove_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            self.store
+                .remove(image)
+                .map(|_| ())
+                .map_err(|e| rt_err("remove image", e))
+        })
+    }
+
+    fn image_fs_info(&self) -> BoxFuture<'_, Result<Vec<FsUsage>, RuntimeError>> {
+        Box::pin(async move {
+            let root = self.store.root().to_path_buf();
+            let used = tokio::task::spawn_blocking({
+                let root = root.clone();
+                move || images::du(&root)
+            })
+            .await
+            .unwrap_or(0);
+            Ok(vec![FsUsage {
+                mountpoint: root.display().to_string(),
+                used_bytes: used,
+                inodes_used: 0,
+            }])
+        })
+    }
+
+    fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        Box::pin(async move {
+            let list = self.list_containers().await?;
+            Ok(list
+                .into_iter()
+                .filter(|c| c.state == ContainerState::Running)
+                .filter_map(|c| {
+                    let meta = read_json::<SandboxMeta>(
+                        &self.sandbox_dir(&c.sandbox_id).join("meta.json"),
+                    )?;
+                    let path = format!("{}/{}", meta.cgroup_parent.trim_end_matches('/'), c.id);
+                    Some(cgroup_usage(&self.cgroup_root, &path, c.id, c.pod_uid))
+                })
+                .collect())
+        })
+    }
+
+    fn pod_sandbox_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            for e in std::fs::read_dir(self.dir.join("sandboxes"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if let Some(m) = read_json::<SandboxMeta>(&e.path().join("meta.json")) {
+                    let id = e.file_name().to_string_lossy().into_owned();
+                    out.push(cgroup_usage(
+                        &self.cgroup_root,
+                        &m.cgroup_parent,
+                        id,
+                        m.pod_uid,
+                    ));
+                }
+            }
+            Ok(out)
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cgroup_usage_v1_and_v2() {
+        let d = tempfile::tempdir().unwrap();
+        let v1 = d.path().join("v1");
+        let p = "kubepods/besteffort/podu/c1";
+        std::fs::create_dir_all(v1.join("cpuacct").join(p)).unwrap();
+        std::fs::create_dir_all(v1.join("memory").join(p)).unwrap();
+        std::fs::write(v1.join("cpuacct").join(p).join("cpuacct.usage"), "5000\n").unwrap();
+        std::fs::write(
+            v1.join("memory").join(p).join("memory.usage_in_bytes"),
+            "1000\n",
+        )
+        .unwrap();
+        std::fs::write(
+            v1.join("memory").join(p).join("memory.stat"),
+            "cache 10\ninactive_file 1\ntotal_inactive_file 300\n",
+        )
+        .unwrap();
+        let u = super::cgroup_usage(&v1, p, "c1".into(), "u".into());
+        assert_eq!(
+            (u.cpu_usage_core_nanos, u.memory_working_set_bytes),
+            (5000, 700)
+        );
+
+        let v2 = d.path().join("v2");
+        std::fs::create_dir_all(v2.join(p)).unwrap();
+        std::fs::write(v2.join("cgroup.controllers"), "cpu memory").unwrap();
+        std::fs::write(v2.join(p).join("cpu.stat"), "usage_usec 7\nuser_usec 5\n").unwrap();
+        std::fs::write(v2.join(p).join("memory.current"), "4096\n").unwrap();
+        std::fs::write(v2.join(p).join("memory.stat"), "anon 1\ninactive_file 96\n").unwrap();
+        let u = super::cgroup_usage(&v2, p, "c1".into(), "u".into());
+        assert_eq!(
+            (u.cpu_usage_core_nanos, u.memory_working_set_bytes),
+            (7000, 4000)
+        );
+    }
+
     #[test]
     fn stop_signals_as_images_write_them() {
         assert_eq!(super::parse_signal("SIGQUIT"), libc::SIGQUIT);
