@@ -633,7 +633,7 @@ async fn runtime_stats_and_images_of_a_running_node(rt: Rt) {
         ),
         None => {
             let store = std::sync::Arc::new(
-                kinglet_runtime_oci::images::ImageStore::open(&n.root().join("images")).unwrap(),
+                kinglet_runtime_oci::images::ImageStore::open(n.root().join("images")).unwrap(),
             );
             let puller =
                 kinglet_runtime_oci::images::registry::Puller::new(store, Default::default());
