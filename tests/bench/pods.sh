@@ -8,6 +8,8 @@
 # + shims + pause containers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lib.sh
+. tests/bench/lib.sh
 pods=${1:-50}
 runtime=${2:-oci}
 cargo build --release --locked --bin kinglet --example bench_pods >&2
@@ -40,27 +42,7 @@ cleanup() {
     sleep 0.5
   done
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  [ "$runtime" = oci ] && python3 - "$root/runtime/oci/monitor/monitor.sock" <<'PY' || true
-import json, socket, sys
-def call(req):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
-    s.sendall((json.dumps(req) + "\n").encode()); d = b""
-    while not d.endswith(b"\n"):
-        c = s.recv(65536)
-        if not c: break
-        d += c
-    return json.loads(d) if d else {}
-for r in call({"op": "list"}).get("records", []):
-    call({"op": "delete", "id": r["id"]})
-try: call({"op": "exit"})
-except Exception: pass
-PY
-  grep " $root" /proc/mounts | awk '{print $2}' | xargs -r umount -l
-  for m in "$root"/runtime/oci/sandboxes/*/meta.json; do
-    [ -f "$m" ] || continue
-    parent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cgroup_parent"])' "$m")
-    for h in /sys/fs/cgroup /sys/fs/cgroup/*; do rmdir "$h/$parent" 2>/dev/null; done
-  done
+  release_oci_root "$root"
   [ "$runtime" = cri ] && tests/cluster/containerd-down.sh "$work/containerd"
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1 || true
   rm -rf "$work"

@@ -17,6 +17,8 @@
 #   tests/bench/run.sh [--quick]      (--quick: fewer pods and samples)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lib.sh
+. tests/bench/lib.sh
 quick=0
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
@@ -53,31 +55,7 @@ stop_node() {
     wait "$agent_pid" 2>/dev/null
   fi
   # kinglet's monitor and its containers; containerd and its containers.
-  if [ -S "$dir/root/runtime/oci/monitor/monitor.sock" ]; then
-    python3 - "$dir/root/runtime/oci/monitor/monitor.sock" <<'PY'
-import json, socket, sys
-def call(req):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
-    s.sendall((json.dumps(req) + "\n").encode()); d = b""
-    while not d.endswith(b"\n"):
-        c = s.recv(65536)
-        if not c: break
-        d += c
-    return json.loads(d) if d else {}
-for r in call({"op": "list"}).get("records", []):
-    call({"op": "delete", "id": r["id"]})
-try: call({"op": "exit"})
-except Exception: pass
-PY
-    for m in "$dir"/root/runtime/oci/sandboxes/*/meta.json; do
-      [ -f "$m" ] || continue
-      parent=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cgroup_parent"])' "$m")
-      for h in /sys/fs/cgroup /sys/fs/cgroup/*; do rmdir "$h/$parent" 2>/dev/null; done
-    done
-    for n in "$dir"/root/runtime/oci/sandboxes/*/netns; do
-      [ -e "$n" ] && umount -l "$n" 2>/dev/null
-    done
-  fi
+  release_oci_root "$dir/root"
   [ -d "$dir/containerd" ] && tests/cluster/containerd-down.sh "$dir/containerd"
   awk -v d="$dir/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null; done

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub mod fake;
+pub mod logs;
 
 /// A future returned by a runtime call.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

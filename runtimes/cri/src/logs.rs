@@ -77,85 +77,19 @@ impl CriRuntime {
             let _ = std::fs::rename(&rotated, log);
             return Err(status_err("ReopenContainerLog", s).to_string());
         }
-        prune(log, max_files);
+        kinglet_runtime::logs::prune_rotated(log, max_files);
         Ok(())
     }
 }
 
 /// `20060102-150405` in UTC, upstream's rotated-log suffix.
 fn timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Keeps the newest `max_files - 1` rotated files beside the live log.
-fn prune(log: &Path, max_files: u32) {
-    let (Some(dir), Some(name)) = (log.parent(), log.file_name()) else {
-        return;
-    };
-    let prefix = format!("{}.", name.to_string_lossy());
-    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .collect();
-    rotated.sort();
-    let keep = max_files.saturating_sub(1) as usize;
-    while rotated.len() > keep {
-        let _ = std::fs::remove_file(rotated.remove(0));
-    }
+    jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S").to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prunes_the_oldest_rotated_logs() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("0.log");
-        for f in [
-            "0.log",
-            "0.log.20260101-000000",
-            "0.log.20260101-000010",
-            "0.log.20260101-000020",
-            "1.log",
-        ] {
-            std::fs::write(dir.path().join(f), "x").unwrap();
-        }
-        prune(&log, 2);
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        left.sort();
-        assert_eq!(left, ["0.log", "0.log.20260101-000020", "1.log"]);
-    }
 
     #[test]
     fn timestamps_look_like_upstream() {

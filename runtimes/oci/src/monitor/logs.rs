@@ -62,27 +62,7 @@ impl LogFile {
         let rotated = PathBuf::from(format!("{}.{stamp}", self.path.display()));
         self.file = None;
         let _ = std::fs::rename(&self.path, &rotated);
-        if let Some(dir) = self.path.parent() {
-            let prefix = format!(
-                "{}.",
-                self.path.file_name().unwrap_or_default().to_string_lossy()
-            );
-            let mut old: Vec<PathBuf> = std::fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    p.file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-                })
-                .collect();
-            old.sort();
-            let keep = self.max_files.saturating_sub(1) as usize;
-            while old.len() > keep {
-                let _ = std::fs::remove_file(old.remove(0));
-            }
-        }
+        kinglet_runtime::logs::prune_rotated(&self.path, self.max_files);
         self.file = OpenOptions::new()
             .create(true)
             .append(true)
