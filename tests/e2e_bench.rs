@@ -40,11 +40,21 @@ fn quick_benchmark_measures_all_three_nodes() {
             "pod startup p50",
             "pod startup p99",
             "pod deletion p50",
-            "CPU idle at 0 pods: agent",
-            "API requests idle at 0 pods",
         ] {
             assert!(
                 value(metric).as_f64().is_some_and(|v| v > 0.0),
+                "{node}: {metric} not measured: {}",
+                stderr
+            );
+        }
+        // Counts over a short window may be zero; they must be there.
+        for metric in [
+            "CPU idle at 0 pods: agent",
+            "API requests idle at 0 pods",
+            "API requests idle at the top level",
+        ] {
+            assert!(
+                value(metric).as_f64().is_some_and(|v| v >= 0.0),
                 "{node}: {metric} not measured: {}",
                 stderr
             );
