@@ -119,7 +119,7 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back(rt: Rt) {
 
     std::fs::write(
         n.manifests.join("web.yaml"),
-        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {bb}, imagePullPolicy: Never, ports: [{{containerPort: 8080, hostPort: {host_port}}}], command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); mkdir -p /www; echo hello-from-web > /www/index.html; httpd -f -p 8080 -h /www']}}\n  - {{name: d, image: {bb}, imagePullPolicy: Never, command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); exec sleep 1000']}}\n"),
+        format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: web}}\nspec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {bb}, imagePullPolicy: Never, ports: [{{containerPort: 8080, hostPort: {host_port}}}], command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); echo hosts $(grep -w $(hostname) /etc/hosts | cut -f1); mkdir -p /www; echo hello-from-web > /www/index.html; httpd -f -p 8080 -h /www']}}\n  - {{name: d, image: {bb}, imagePullPolicy: Never, command: [sh, -c, 'echo ns ipc=$(readlink /proc/self/ns/ipc) uts=$(hostname); exec sleep 1000']}}\n"),
     )
     .unwrap();
     let ip = common::wait_for("web's pod IP", Duration::from_secs(30), || async {
@@ -169,6 +169,16 @@ async fn pods_get_their_own_reachable_ips_and_give_them_back(rt: Rt) {
         c_ns.contains("uts=web-"),
         "hostname is the pod name: {c_ns}"
     );
+    let hosts_ip = common::wait_for("c's hosts entry", Duration::from_secs(10), || async {
+        let dirs = std::fs::read_dir(&n.logs).ok()?;
+        dirs.flatten()
+            .filter(|d| d.file_name().to_string_lossy().starts_with("default_web-"))
+            .find_map(|d| std::fs::read_to_string(d.path().join("c/0.log")).ok())?
+            .lines()
+            .find_map(|l| l.split_once(" hosts ").map(|(_, v)| v.trim().to_string()))
+    })
+    .await;
+    assert_eq!(hosts_ip, ip, "/etc/hosts maps the pod's name to the pod IP");
 
     std::fs::write(
         n.manifests.join("client.yaml"),

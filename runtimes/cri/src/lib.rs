@@ -502,7 +502,16 @@ impl Runtime for CriRuntime {
                 ))
                 .await;
             match resp {
-                Ok(r) => Ok(r.into_inner().pod_sandbox_id),
+                Ok(r) => {
+                    let id = r.into_inner().pod_sandbox_id;
+                    if let Some(ip) = self.sandbox_ip(&id).await {
+                        let hosts =
+                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, &ip);
+                        write_atomic(&dir.join("etc-hosts"), hosts.as_bytes())
+                            .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
+                    }
+                    Ok(id)
+                }
                 Err(e) => {
                     // What a failed attempt left (runc may have made the
                     // cgroups) goes now: no sandbox will carry it away.

@@ -646,7 +646,14 @@ impl Runtime for OciRuntime {
                 (Ok(()), _, _) => Ok(None),
             };
             match added {
-                Ok(ip) => meta.ip = ip,
+                Ok(ip) => {
+                    if let Some(ip) = &ip {
+                        let hosts =
+                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, ip);
+                        std::fs::write(dir.join("hosts"), hosts).map_err(|e| rt_err("hosts", e))?;
+                    }
+                    meta.ip = ip;
+                }
                 Err(e) => {
                     if let (Some(cni), Some(netns)) = (&self.cni, &ns.net) {
                         let _ = cni.del(&id, netns, &pod).await;
