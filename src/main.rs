@@ -195,12 +195,22 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     let log_max_size = config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20);
     let log_max_files = cfg.container_log_max_files.max(2) as u32;
 
-    let store = images::open_store(&s.root_dir)?;
-    let (runtime, id_scheme): (Arc<dyn Runtime>, String) = match s.runtime {
-        RuntimeKind::Oci => (
-            start_oci(&s, store.clone(), log_max_size, log_max_files).await?,
-            format!("{}://", kinglet_runtime_oci::RUNTIME_NAME),
-        ),
+    // kinglet's image store serves the in-process runtime; a CRI runtime
+    // keeps (and imports, and collects) its own images.
+    type Started = (
+        Arc<dyn Runtime>,
+        String,
+        Option<Arc<kinglet_runtime_oci::images::ImageStore>>,
+    );
+    let (runtime, id_scheme, store): Started = match s.runtime {
+        RuntimeKind::Oci => {
+            let store = images::open_store(&s.root_dir)?;
+            (
+                start_oci(&s, store.clone(), log_max_size, log_max_files).await?,
+                format!("{}://", kinglet_runtime_oci::RUNTIME_NAME),
+                Some(store),
+            )
+        }
         RuntimeKind::Cri => {
             let endpoint = if cfg.container_runtime_endpoint.is_empty() {
                 DEFAULT_CRI_ENDPOINT
@@ -232,7 +242,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
                 c.rotate_logs(log_max_size, log_max_files, stop.cancelled_owned())
                     .await
             }));
-            (cri as Arc<dyn Runtime>, format!("{name}://"))
+            (cri as Arc<dyn Runtime>, format!("{name}://"), None)
         }
     };
 
@@ -342,9 +352,7 @@ async fn run(s: Settings) -> anyhow::Result<()> {
     };
     tasks.push(tokio::spawn(manager.run(pod_rx, shutdown.clone())));
     drop(pod_tx);
-    // kinglet's image store serves the in-process runtime; a CRI runtime
-    // keeps (and imports, and collects) its own images.
-    if s.runtime == RuntimeKind::Oci {
+    if let Some(store) = &store {
         tasks.push(tokio::spawn(images::watch_import_dir(
             store.clone(),
             s.import_dir.clone(),

@@ -17,20 +17,7 @@ use kinglet_runtime::{ContainerConfig, ContainerState, Runtime, SandboxConfig};
 use kube::api::Api;
 
 fn script(name: &str, dir: &Path) -> String {
-    let out = std::process::Command::new(repo().join("tests/cluster").join(name))
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string()
+    run_script(name, &[dir.to_str().unwrap()])
 }
 
 /// A containerd of the test's own, stopped and removed when dropped.
@@ -54,14 +41,7 @@ impl Containerd {
         script("containerd-up.sh", &self.dir)
     }
     fn import(&self, archive: &Path) {
-        let st = std::process::Command::new("ctr")
-            .arg("--address")
-            .arg(self.dir.join("containerd.sock"))
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .unwrap();
-        assert!(st.status.success());
+        ctr_import(&self.dir.join("containerd.sock"), archive);
     }
 }
 

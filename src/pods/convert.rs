@@ -601,26 +601,19 @@ pub fn container_config(
                     None if key == "memory" => node.memory_capacity.to_string(),
                     None => "0".into(),
                 }
-            } else if let Some(k) = &vf.config_map_key_ref {
-                let got = objects.key(
-                    ObjectKind::ConfigMap,
-                    &ns,
-                    &k.name,
-                    &k.key,
-                    k.optional == Some(true),
-                )?;
-                let Some(v) = got else { continue };
-                v
-            } else if let Some(k) = &vf.secret_key_ref {
-                let got = objects.key(
-                    ObjectKind::Secret,
-                    &ns,
-                    &k.name,
-                    &k.key,
-                    k.optional == Some(true),
-                )?;
-                let Some(v) = got else { continue };
-                v
+            } else if let Some((kind, name, key, optional)) = vf
+                .config_map_key_ref
+                .as_ref()
+                .map(|k| (ObjectKind::ConfigMap, &k.name, &k.key, k.optional))
+                .or(vf
+                    .secret_key_ref
+                    .as_ref()
+                    .map(|k| (ObjectKind::Secret, &k.name, &k.key, k.optional)))
+            {
+                match objects.key(kind, &ns, name, key, optional == Some(true))? {
+                    Some(v) => v,
+                    None => continue,
+                }
             } else {
                 String::new()
             }

@@ -28,7 +28,8 @@ pub fn cluster_dir() -> PathBuf {
         .map_or_else(|| "/tmp/kinglet-cluster".into(), PathBuf::from)
 }
 
-fn run_script(script: &str, args: &[&str]) -> String {
+/// Runs a `tests/cluster` script; returns its last line of output.
+pub fn run_script(script: &str, args: &[&str]) -> String {
     let out = Command::new(repo().join("tests/cluster").join(script))
         .args(args)
         .stderr(Stdio::inherit())
@@ -238,20 +239,7 @@ impl Kinglet {
     pub fn import(&self, archive: &Path) {
         match &self.containerd {
             None => pods::import_archive(&self.dir.path().join("root"), archive),
-            Some(dir) => {
-                let out = Command::new("ctr")
-                    .arg("--address")
-                    .arg(dir.join("containerd.sock"))
-                    .args(["-n", "k8s.io", "images", "import"])
-                    .arg(archive)
-                    .output()
-                    .unwrap();
-                assert!(
-                    out.status.success(),
-                    "ctr images import: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+            Some(dir) => ctr_import(&dir.join("containerd.sock"), archive),
         }
     }
 
@@ -441,6 +429,23 @@ impl Drop for Kinglet {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Loads an image archive into the `k8s.io` namespace of the containerd
+/// listening on `sock`.
+pub fn ctr_import(sock: &Path, archive: &Path) {
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(sock)
+        .args(["-n", "k8s.io", "images", "import"])
+        .arg(archive)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr images import: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The condition of that type on a Node, as (status, reason).
