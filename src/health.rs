@@ -1,6 +1,8 @@
 //! The local health endpoint (`/healthz` on `127.0.0.1:10248` by default),
-//! answered from a heartbeat the node status loop beats every round, so a
-//! wedged loop shows up as unhealthy rather than a cheerful `ok`.
+//! answered from heartbeats: `syncloop`, which the node status loop beats
+//! every round, and `PLEG`, which the pod relist beats (stale after
+//! upstream's 3 minutes), so a wedged loop shows up as unhealthy rather
+//! than a cheerful `ok`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -46,17 +48,25 @@ impl Heartbeat {
     }
 }
 
-fn respond(hb: &Heartbeat, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+/// The named checks `/healthz` answers from.
+pub type Checks = Arc<Vec<(&'static str, Heartbeat)>>;
+
+fn respond(checks: &Checks, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    let failed: String = checks
+        .iter()
+        .filter(|(_, hb)| !hb.healthy())
+        // Upstream's wording for a failed check.
+        .map(|(name, _)| format!("[-]{name} failed: reason withheld\n"))
+        .collect();
     let (code, body) = match req.uri().path() {
-        "/healthz" if hb.healthy() => (StatusCode::OK, "ok"),
-        // Upstream's wording when its sync loop check fails.
+        "/healthz" if failed.is_empty() => (StatusCode::OK, "ok".to_string()),
         "/healthz" => (
             StatusCode::INTERNAL_SERVER_ERROR,
-            "[-]syncloop failed: reason withheld\nhealthz check failed\n",
+            format!("{failed}healthz check failed\n"),
         ),
-        _ => (StatusCode::NOT_FOUND, "404 page not found\n"),
+        _ => (StatusCode::NOT_FOUND, "404 page not found\n".to_string()),
     };
-    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = code;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -71,7 +81,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serves `/healthz` until `shutdown`.
-pub async fn serve(listener: TcpListener, hb: Heartbeat, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, checks: Checks, shutdown: CancellationToken) {
     loop {
         let (stream, _) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -80,10 +90,10 @@ pub async fn serve(listener: TcpListener, hb: Heartbeat, shutdown: CancellationT
                 Err(e) => { debug!(error = %e, "healthz accept failed"); continue; }
             },
         };
-        let hb = hb.clone();
+        let checks = checks.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let resp = respond(&hb, &req);
+                let resp = respond(&checks, &req);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -116,12 +126,19 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let hb = Heartbeat::new(Duration::from_millis(200));
         let stop = CancellationToken::new();
-        let task = tokio::spawn(serve(l, hb.clone(), stop.clone()));
+        let pleg = Heartbeat::new(Duration::from_secs(60));
+        let checks = Arc::new(vec![("syncloop", hb.clone()), ("PLEG", pleg)]);
+        let task = tokio::spawn(serve(l, checks, stop.clone()));
         let r = get(addr, "/healthz").await;
         assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"), "{r}");
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 500"));
+        let r = get(addr, "/healthz").await;
+        assert!(r.starts_with("HTTP/1.1 500"), "{r}");
+        assert!(
+            r.contains("[-]syncloop failed") && !r.contains("PLEG"),
+            "{r}"
+        );
         hb.beat();
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         stop.cancel();

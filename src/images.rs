@@ -1,12 +1,11 @@
-//! kinglet's side of the image store: the `kinglet images` commands, the
-//! import directory watched for archives (inotify, no polling), and the
-//! periodic image garbage collection.
+//! kinglet's side of the image store: the `kinglet images` commands and
+//! the import directory watched for archives (inotify, no polling). Image
+//! garbage collection is the pod lifecycle's ([`crate::pods::image_gc`]),
+//! over the runtime, for both runtimes.
 
-use std::collections::HashSet;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use kinglet_runtime_oci::images::auth::{Credentials, RegistriesConfig};
@@ -256,34 +255,6 @@ pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: Ca
             if importable(&f) {
                 import_one(&store, &dir, f).await;
             }
-        }
-    }
-}
-
-/// Image GC every 5 minutes (upstream's `ImageGCPeriod`), by the configured
-/// thresholds, never removing an image a container uses.
-pub async fn gc_loop(
-    store: Arc<ImageStore>,
-    high: u8,
-    low: u8,
-    min_age: Duration,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let s = store.clone();
-        // No pods run through the image store yet, so nothing is in use.
-        let in_use = HashSet::new();
-        match tokio::task::spawn_blocking(move || s.gc(high, low, &in_use, min_age)).await {
-            Ok(Ok(removed)) if !removed.is_empty() => {
-                info!(images = ?removed, "image garbage collection removed images")
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => warn!(error = %e, "image garbage collection failed"),
-            Err(e) => warn!(error = %e, "image garbage collection task failed"),
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(300)) => {}
         }
     }
 }

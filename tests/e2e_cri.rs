@@ -209,7 +209,7 @@ async fn cri_calls_for_gc_probes_and_stats() {
         hosts: "127.0.0.1\tlocalhost\n".into(),
         ..Default::default()
     };
-    let sandbox = rt.run_pod_sandbox(&sb).await.unwrap();
+    let sandbox = rt.run_pod_sandbox(&sb).await.unwrap().id;
     let cfg = ContainerConfig {
         name: "c".into(),
         image: "kinglet.test/busybox:1".into(),

@@ -93,8 +93,8 @@ impl StatusBuilder {
         let mut cap = BTreeMap::new();
         let mut alloc = BTreeMap::new();
         cap.insert("cpu".to_string(), Quantity(m.cpus.to_string()));
-        let cpu_reserved_milli = self.cfg.reserved.get("cpu").copied().unwrap_or(0);
-        let cpu_alloc = (u64::from(m.cpus) * 1000).saturating_sub(cpu_reserved_milli);
+        let (cpu_alloc, mem_alloc) =
+            allocatable_cpu_memory(m, &self.cfg.reserved, &self.cfg.thresholds);
         alloc.insert(
             "cpu".to_string(),
             Quantity(if cpu_alloc % 1000 == 0 {
@@ -105,18 +105,6 @@ impl StatusBuilder {
         );
 
         cap.insert("memory".into(), ki(m.memory_bytes));
-        let hard_mem = self
-            .cfg
-            .thresholds
-            .hard
-            .get("memory.available")
-            .map_or(0, |t| t.resolve(m.memory_bytes));
-        let hugepages: u64 = m.hugepages.values().sum();
-        let mem_alloc = m
-            .memory_bytes
-            .saturating_sub(self.cfg.reserved.get("memory").copied().unwrap_or(0))
-            .saturating_sub(hard_mem)
-            .saturating_sub(hugepages);
         alloc.insert("memory".into(), ki(mem_alloc));
 
         if let Some(fs) = nodefs {
@@ -393,6 +381,27 @@ fn runtime_problems(runtime: &Result<RuntimeStatus, RuntimeError>) -> Vec<String
 }
 
 /// Resource reservations (`systemReserved` + `kubeReserved`) in base units;
+/// Allocatable CPU (millicores) and memory (bytes): capacity less the
+/// reservations, the hard memory eviction threshold and hugepages, as
+/// upstream computes it. Node status and pod admission both use this.
+pub fn allocatable_cpu_memory(
+    m: &MachineInfo,
+    reserved: &BTreeMap<String, u64>,
+    thresholds: &EvictionThresholds,
+) -> (u64, u64) {
+    let cpu = (u64::from(m.cpus) * 1000).saturating_sub(reserved.get("cpu").copied().unwrap_or(0));
+    let hard_mem = thresholds
+        .hard
+        .get("memory.available")
+        .map_or(0, |t| t.resolve(m.memory_bytes));
+    let memory = m
+        .memory_bytes
+        .saturating_sub(reserved.get("memory").copied().unwrap_or(0))
+        .saturating_sub(hard_mem)
+        .saturating_sub(m.hugepages.values().sum());
+    (cpu, memory)
+}
+
 /// cpu in millicores.
 pub fn reservations(
     system: &BTreeMap<String, String>,

@@ -30,6 +30,8 @@ pub struct NodeContext {
     pub container_id_scheme: String,
     /// ConfigMaps and Secrets, when an API server is configured.
     pub objects: Option<std::sync::Arc<dyn ObjectSource>>,
+    /// The wall clock container times are compared with.
+    pub clock: super::plan::Clock,
 }
 
 /// The two kinds of object a container's environment may read.
@@ -247,6 +249,30 @@ pub fn log_directory(pod: &Pod, root: &str) -> String {
         pod.metadata.name.as_deref().unwrap_or(""),
         pod_uid(pod)
     )
+}
+
+/// `namespace/name`, for logs and messages.
+pub fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// `base/name` when `name` is one plain path component (not empty, not
+/// `.` or `..`, no `/` or NUL), so the result cannot leave `base`.
+pub fn contained_child(base: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    let plain = !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0']);
+    plain.then(|| base.join(name))
+}
+
+/// The pod's log dir (`<log root>/<ns>_<name>_<uid>`), if its name makes
+/// one plain directory under the log root.
+pub fn pod_log_dir(pod: &Pod, node: &NodeContext) -> Option<std::path::PathBuf> {
+    let (ns, name) = namespace_and_name(pod);
+    let dir = format!("{ns}_{name}_{}", pod_uid(pod));
+    contained_child(std::path::Path::new(&node.log_root), &dir)
 }
 
 /// The pod's namespace (`default` if unset) and name.

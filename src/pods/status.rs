@@ -104,19 +104,18 @@ fn container_status(
     }
 }
 
+/// A condition; its `lastTransitionTime` is the status manager's to set.
 fn condition(
     type_: &str,
     ok: bool,
     reason: Option<String>,
     message: Option<String>,
-    since: &Time,
 ) -> PodCondition {
     PodCondition {
         type_: type_.into(),
         status: if ok { "True" } else { "False" }.into(),
         reason: if ok { None } else { reason },
         message: if ok { None } else { message },
-        last_transition_time: Some(since.clone()),
         ..Default::default()
     }
 }
@@ -254,15 +253,8 @@ pub fn pod_status(
         "ContainersNotReady"
     };
     let msg = format!("containers with unready status: [{}]", not_ready.join(" "));
-    let since = start_time;
     let conditions = vec![
-        condition(
-            "PodReadyToStartContainers",
-            sandbox_ready,
-            None,
-            None,
-            since,
-        ),
+        condition("PodReadyToStartContainers", sandbox_ready, None, None),
         condition(
             "Initialized",
             pending_inits.is_empty() || completed && !init_failed_never,
@@ -278,23 +270,20 @@ pub fn pod_status(
                 "containers with incomplete status: [{}]",
                 pending_inits.join(" ")
             )),
-            since,
         ),
         condition(
             "Ready",
             not_ready.is_empty() && !completed,
             Some(ready_reason.into()),
             Some(msg.clone()),
-            since,
         ),
         condition(
             "ContainersReady",
             not_ready.is_empty() && !completed,
             Some(ready_reason.into()),
             Some(msg),
-            since,
         ),
-        condition("PodScheduled", true, None, None, since),
+        condition("PodScheduled", true, None, None),
     ];
     PodStatus {
         phase: Some(phase.into()),
@@ -312,16 +301,4 @@ pub fn pod_status(
         qos_class: Some(super::convert::qos_class(pod).into()),
         ..Default::default()
     }
-}
-
-/// Compares two statuses ignoring condition transition times.
-pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
-    let strip = |s: &PodStatus| {
-        let mut s = s.clone();
-        for c in s.conditions.iter_mut().flatten() {
-            c.last_transition_time = None;
-        }
-        s
-    };
-    strip(a) == strip(b)
 }

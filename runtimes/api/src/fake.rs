@@ -31,6 +31,24 @@ struct FakeState {
     exits: BTreeMap<String, i32>,
     /// Recorded calls, e.g. `start <name>`.
     pub calls: Vec<String>,
+    /// Container times follow tokio's (pausable) clock from this base.
+    tokio_clock: Option<(i64, tokio::time::Instant)>,
+}
+
+/// The wall clock in Unix nanoseconds, as a runtime stamps containers.
+fn system_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+impl FakeState {
+    fn wall_nanos(&self) -> i64 {
+        match self.tokio_clock {
+            Some((base, at)) => base + at.elapsed().as_nanos() as i64,
+            None => system_nanos(),
+        }
+    }
 }
 
 impl Default for FakeRuntime {
@@ -63,9 +81,16 @@ impl FakeRuntime {
                 images: BTreeMap::new(),
                 exits: BTreeMap::new(),
                 calls: Vec::new(),
+                tokio_clock: None,
             }),
             status_calls: AtomicUsize::new(0),
         }
+    }
+
+    /// Stamps container times from tokio's clock (from now on), so tests in
+    /// paused time see exits age as their back-offs do.
+    pub fn follow_tokio_clock(&self) {
+        self.lock().tokio_clock = Some((system_nanos(), tokio::time::Instant::now()));
     }
 
     /// Makes every call fail as if the runtime's socket were gone.
@@ -83,10 +108,16 @@ impl FakeRuntime {
         self.lock().images.insert(
             name.into(),
             ImageInfo {
-                id: format!("sha256:{:064}", name.len()),
+                // A distinct ID per name (FNV-1a), stable across calls.
+                id: format!(
+                    "sha256:{:064x}",
+                    name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+                        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+                    })
+                ),
+                repo_tags: vec![name.into()],
                 repo_digests: vec![],
                 size: 1,
-                ..Default::default()
             },
         );
     }
@@ -99,11 +130,12 @@ impl FakeRuntime {
     /// Ends a running container as if its process exited.
     pub fn finish(&self, name: &str, code: i32) {
         let mut s = self.lock();
+        let now = s.wall_nanos();
         for c in s.containers.values_mut() {
             if c.name == name && c.state == ContainerState::Running {
                 c.state = ContainerState::Exited;
                 c.exit_code = code;
-                c.finished_at = 2;
+                c.finished_at = now;
                 c.reason = if code == 0 {
                     "Completed".into()
                 } else {
@@ -159,7 +191,7 @@ impl Runtime for FakeRuntime {
     fn run_pod_sandbox<'a>(
         &'a self,
         cfg: &'a SandboxConfig,
-    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+    ) -> BoxFuture<'a, Result<SandboxStatus, RuntimeError>> {
         Box::pin(async move {
             self.check_up()?;
             let mut s = self.lock();
@@ -176,7 +208,7 @@ impl Runtime for FakeRuntime {
                     created_at: 1,
                 },
             );
-            Ok(id)
+            Ok(s.sandboxes[&id].clone())
         })
     }
 
@@ -192,7 +224,9 @@ impl Runtime for FakeRuntime {
     fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
         Box::pin(async move {
             self.check_up()?;
-            Ok(self.lock().sandboxes.values().cloned().collect())
+            let mut s = self.lock();
+            s.calls.push("list_pod_sandboxes".into());
+            Ok(s.sandboxes.values().cloned().collect())
         })
     }
 
@@ -238,16 +272,17 @@ impl Runtime for FakeRuntime {
         Box::pin(async move {
             let mut s = self.lock();
             let exits = s.exits.clone();
+            let now = s.wall_nanos();
             let c = s
                 .containers
                 .get_mut(id)
-                .ok_or_else(|| RuntimeError::Other(format!("no container {id}")))?;
+                .ok_or_else(|| RuntimeError::NotFound(format!("container {id}")))?;
             c.state = ContainerState::Running;
-            c.started_at = 1;
+            c.started_at = now;
             if let Some(code) = exits.get(&c.name) {
                 c.state = ContainerState::Exited;
                 c.exit_code = *code;
-                c.finished_at = 2;
+                c.finished_at = now;
                 c.reason = if *code == 0 {
                     "Completed".into()
                 } else {
@@ -267,10 +302,12 @@ impl Runtime for FakeRuntime {
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
             let mut s = self.lock();
+            let now = s.wall_nanos();
             if let Some(c) = s.containers.get_mut(id)
                 && c.state == ContainerState::Running
             {
                 c.state = ContainerState::Exited;
+                c.finished_at = now;
                 c.exit_code = 137;
                 c.reason = "Error".into();
             }
@@ -315,6 +352,26 @@ impl Runtime for FakeRuntime {
         image: &'a str,
     ) -> BoxFuture<'a, Result<Option<ImageInfo>, ImageFailure>> {
         Box::pin(async move { Ok(self.lock().images.get(image).cloned()) })
+    }
+
+    fn list_images(&self) -> BoxFuture<'_, Result<Vec<ImageInfo>, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            Ok(self.lock().images.values().cloned().collect())
+        })
+    }
+
+    fn remove_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            s.calls.push(format!("remove_image {image}"));
+            let before = s.images.len();
+            s.images.retain(|n, i| n != image && i.id != image);
+            if s.images.len() == before {
+                return Err(RuntimeError::NotFound(format!("image {image}")));
+            }
+            Ok(())
+        })
     }
 }
 

@@ -12,6 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub mod fake;
+pub mod image;
 pub mod logs;
 
 /// A future returned by a runtime call.
@@ -23,6 +24,9 @@ pub enum RuntimeError {
     /// The runtime cannot be reached at all (socket gone, daemon restarting).
     #[error("container runtime is unavailable: {0}")]
     Unavailable(String),
+    /// The container, sandbox or image named does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
     /// Anything else the runtime reported.
     #[error("container runtime error: {0}")]
     Other(String),
@@ -302,11 +306,12 @@ pub trait Runtime: Send + Sync {
     /// CRI `Status`.
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>>;
 
-    /// CRI `RunPodSandbox`; returns the sandbox ID.
+    /// CRI `RunPodSandbox`; returns what it made (ID and, with its own
+    /// network, the pod IP), so no second list call is needed.
     fn run_pod_sandbox<'a>(
         &'a self,
         cfg: &'a SandboxConfig,
-    ) -> BoxFuture<'a, Result<String, RuntimeError>>;
+    ) -> BoxFuture<'a, Result<SandboxStatus, RuntimeError>>;
     /// CRI `StopPodSandbox` + `RemovePodSandbox`: what is left of the pod
     /// goes (containers must be stopped first).
     fn remove_pod_sandbox<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;

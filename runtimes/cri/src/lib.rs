@@ -82,6 +82,7 @@ fn status_err(call: &str, s: tonic::Status) -> RuntimeError {
         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
             RuntimeError::Unavailable(format!("{call}: {}", s.message()))
         }
+        tonic::Code::NotFound => RuntimeError::NotFound(format!("{call}: {}", s.message())),
         tonic::Code::Unknown if s.message().contains("transport") => {
             RuntimeError::Unavailable(format!("{call}: {}", s.message()))
         }
@@ -477,7 +478,7 @@ impl Runtime for CriRuntime {
     fn run_pod_sandbox<'a>(
         &'a self,
         cfg: &'a SandboxConfig,
-    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+    ) -> BoxFuture<'a, Result<SandboxStatus, RuntimeError>> {
         Box::pin(async move {
             let dir = self.pod_dir(&cfg.pod_uid);
             tokio::fs::create_dir_all(&dir)
@@ -504,13 +505,20 @@ impl Runtime for CriRuntime {
             match resp {
                 Ok(r) => {
                     let id = r.into_inner().pod_sandbox_id;
-                    if let Some(ip) = self.sandbox_ip(&id).await {
+                    let ip = self.sandbox_ip(&id).await;
+                    if let Some(ip) = &ip {
                         let hosts =
-                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, &ip);
+                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, ip);
                         write_atomic(&dir.join("etc-hosts"), hosts.as_bytes())
                             .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
                     }
-                    Ok(id)
+                    Ok(SandboxStatus {
+                        id,
+                        pod_uid: cfg.pod_uid.clone(),
+                        ready: true,
+                        ip,
+                        created_at: jiff::Timestamp::now().as_nanosecond() as i64,
+                    })
                 }
                 Err(e) => {
                     // What a failed attempt left (runc may have made the

@@ -595,7 +595,7 @@ impl Runtime for OciRuntime {
     fn run_pod_sandbox<'a>(
         &'a self,
         cfg: &'a SandboxConfig,
-    ) -> BoxFuture<'a, Result<String, RuntimeError>> {
+    ) -> BoxFuture<'a, Result<SandboxStatus, RuntimeError>> {
         Box::pin(async move {
             let id = new_id();
             let dir = self.sandbox_dir(&id);
@@ -667,7 +667,13 @@ impl Runtime for OciRuntime {
             }
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("sandbox meta", e))?;
-            Ok(id)
+            Ok(SandboxStatus {
+                id,
+                pod_uid: meta.pod_uid,
+                ready: true,
+                ip: meta.ip,
+                created_at: meta.created_at,
+            })
         })
     }
 

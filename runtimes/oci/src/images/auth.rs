@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use base64::Engine;
 use serde::Deserialize;
 
 /// `registries.yaml`.
@@ -143,69 +142,6 @@ pub fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// One `.dockerconfigjson` pull secret.
-#[derive(Debug, Default, Deserialize)]
-pub struct DockerConfig {
-    #[serde(default)]
-    pub auths: BTreeMap<String, DockerAuth>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct DockerAuth {
-    #[serde(default)]
-    pub auth: Option<String>,
-    #[serde(default)]
-    pub username: Option<String>,
-    #[serde(default)]
-    pub password: Option<String>,
-}
-
-/// The registry key a dockerconfig entry is for: `https://index.docker.io/v1/`
-/// and friends mean `docker.io`; a scheme and path are dropped.
-fn auth_key_host(key: &str) -> String {
-    let k = key.split_once("://").map_or(key, |(_, rest)| rest);
-    let host = k.split('/').next().unwrap_or(k);
-    match host {
-        "index.docker.io" | "registry-1.docker.io" | "registry.hub.docker.com" => {
-            "docker.io".into()
-        }
-        h => h.to_string(),
-    }
-}
-
-/// Credentials for `registry` from pull secrets (each the raw
-/// `.dockerconfigjson` value), first match wins, as the kubelet tries them.
-pub fn credentials_from_secrets(secrets: &[Vec<u8>], registry: &str) -> Vec<Credentials> {
-    let mut out = Vec::new();
-    for raw in secrets {
-        let Ok(cfg) = serde_json::from_slice::<DockerConfig>(raw) else {
-            continue;
-        };
-        for (key, a) in cfg.auths {
-            if auth_key_host(&key) != registry {
-                continue;
-            }
-            if let (Some(u), Some(p)) = (&a.username, &a.password) {
-                out.push(Credentials {
-                    username: u.clone(),
-                    password: p.clone(),
-                });
-            } else if let Some(enc) = &a.auth {
-                let Ok(dec) = base64::engine::general_purpose::STANDARD.decode(enc.trim()) else {
-                    continue;
-                };
-                if let Some((u, p)) = String::from_utf8_lossy(&dec).split_once(':') {
-                    out.push(Credentials {
-                        username: u.into(),
-                        password: p.into(),
-                    });
-                }
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,23 +193,5 @@ mod tests {
             [false, true]
         );
         assert!(serde_saphyr::from_str::<RegistriesConfig>("mirors: {}\n").is_err());
-    }
-
-    #[test]
-    fn pull_secrets() {
-        let a = br#"{"auths":{"https://index.docker.io/v1/":{"auth":"dXNlcjpwYXNz"},"reg.local:5000":{"username":"x","password":"y"}}}"#;
-        let hub = credentials_from_secrets(&[a.to_vec()], "docker.io");
-        assert_eq!(
-            hub,
-            [Credentials {
-                username: "user".into(),
-                password: "pass".into()
-            }]
-        );
-        assert_eq!(
-            credentials_from_secrets(&[a.to_vec()], "reg.local:5000")[0].username,
-            "x"
-        );
-        assert!(credentials_from_secrets(&[a.to_vec(), b"garbage".to_vec()], "quay.io").is_empty());
     }
 }

@@ -96,115 +96,21 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ImageError + '_ {
 /// the distribution reference grammar: the regex-based parser of `oci-spec`
 /// costs about 18 MB of memory to compile, more than all of kinglet.
 pub fn parse_reference(name: &str) -> Result<Reference, ImageError> {
-    let bad = |message: &str| ImageError::InvalidName {
-        name: name.into(),
-        message: message.into(),
-    };
-    if name.is_empty() || name.len() > 4096 || name.trim() != name {
-        return Err(bad("invalid reference format"));
-    }
-    let (rest, digest) = match name.split_once('@') {
-        Some((r, d)) => {
-            let (algo, hex) = d.split_once(':').ok_or_else(|| bad("invalid digest"))?;
-            let ok = match algo {
-                "sha256" => hex.len() == 64,
-                "sha512" => hex.len() == 128,
-                _ => false,
-            } && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !ok {
-                return Err(bad("invalid digest"));
-            }
-            (r, Some(d.to_string()))
-        }
-        None => (name, None),
-    };
-    let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
-    let (path, tag) = match rest[last_slash..].rfind(':') {
-        Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
-        None => (rest, None),
-    };
-    if let Some(t) = tag {
-        let ok = !t.is_empty()
-            && t.len() <= 128
-            && t.bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !ok {
-            return Err(bad("invalid tag"));
-        }
-    }
-    let mut parts: Vec<&str> = path.split('/').collect();
-    let registry = if parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost")
-    {
-        let host = parts.remove(0);
-        let (h, port) = match host.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || host.starts_with('[') => (h, Some(p)),
-            _ => (host, None),
-        };
-        let host_ok = if let Some(inner) = h.strip_prefix('[') {
-            inner
-                .strip_suffix(']')
-                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
-        } else {
-            !h.is_empty()
-                && h.split('.').all(|l| {
-                    !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                })
-        };
-        if !host_ok || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
-        {
-            return Err(bad("invalid registry host"));
-        }
-        host.to_string()
-    } else {
-        "docker.io".to_string()
-    };
-    let component_ok = |c: &str| {
-        let b = c.as_bytes();
-        !b.is_empty()
-            && b[0].is_ascii_lowercase() | b[0].is_ascii_digit()
-            && b[b.len() - 1].is_ascii_lowercase() | b[b.len() - 1].is_ascii_digit()
-            && c.bytes()
-                .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || b"._-".contains(&x))
-            && !c.contains("..")
-            && !c.contains("___")
-    };
-    if parts.is_empty() || !parts.iter().all(|c| component_ok(c)) {
-        return Err(bad(
-            "repository name must be lowercase alphanumerics separated by '.', '_', '-' or '/'",
-        ));
-    }
-    let mut repository = parts.join("/");
-    if registry == "docker.io" && parts.len() == 1 {
-        repository = format!("library/{repository}");
-    }
-    if repository.len() > 255 {
-        return Err(bad("repository name too long"));
-    }
-    Ok(match (tag, digest) {
-        (Some(t), Some(d)) => Reference::with_tag_and_digest(registry, repository, t.into(), d),
-        (None, Some(d)) => Reference::with_digest(registry, repository, d),
-        (Some(t), None) => Reference::with_tag(registry, repository, t.into()),
-        (None, None) => Reference::with_tag(registry, repository, "latest".into()),
+    let n = kinglet_runtime::image::parse(name).map_err(|e| ImageError::InvalidName {
+        name: e.name,
+        message: e.message,
+    })?;
+    Ok(match (n.tag, n.digest) {
+        (Some(t), Some(d)) => Reference::with_tag_and_digest(n.registry, n.repository, t, d),
+        (None, Some(d)) => Reference::with_digest(n.registry, n.repository, d),
+        (Some(t), None) => Reference::with_tag(n.registry, n.repository, t),
+        (None, None) => Reference::with_tag(n.registry, n.repository, "latest".into()),
     })
 }
 
 /// The canonical name of a reference: `registry/repository[:tag][@digest]`.
 pub fn canonical(r: &Reference) -> String {
     r.whole()
-}
-
-/// The pull policy the kubelet applies when a container names none:
-/// `Always` for `:latest` or no tag (and no digest), else `IfNotPresent`.
-pub fn default_pull_policy(image: &str) -> &'static str {
-    match parse_reference(image) {
-        Ok(r) if r.digest().is_none() && r.tag().is_none_or(|t| t == "latest") => "Always",
-        _ => "IfNotPresent",
-    }
 }
 
 /// `sha256:<hex>` of bytes.
@@ -831,17 +737,6 @@ mod tests {
             let e = parse_reference(bad).unwrap_err();
             assert_eq!(e.reason(), "InvalidImageName", "{bad:?}");
         }
-    }
-
-    #[test]
-    fn default_pull_policies() {
-        assert_eq!(default_pull_policy("busybox"), "Always");
-        assert_eq!(default_pull_policy("busybox:latest"), "Always");
-        assert_eq!(default_pull_policy("busybox:1.36"), "IfNotPresent");
-        assert_eq!(
-            default_pull_policy(&format!("busybox@sha256:{}", "b".repeat(64))),
-            "IfNotPresent"
-        );
     }
 
     #[test]

@@ -1,0 +1,421 @@
+//! The agent assembled: [`Kubelet::start`] builds each part from the
+//! settings (runtime, API client, pod sources, pod manager, status
+//! manager, image GC, import dir, node agent, `/healthz`) and spawns its
+//! task; [`Kubelet::wait`] runs until SIGTERM and shuts everything down
+//! through one cancellation token. The parts hold the logic; this only
+//! wires them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kinglet_runtime::Runtime;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::flags::{KUBERNETES_VERSION, RuntimeKind, Settings};
+use crate::{config, health, images, node, pods};
+
+/// Upstream's default `containerRuntimeEndpoint`.
+const DEFAULT_CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+
+/// The running agent: its tasks and the token that stops them.
+pub struct Kubelet {
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// The runtime chosen at start, and kinglet's image store when it serves
+/// the in-process runtime (a CRI runtime keeps its own images).
+struct Started {
+    runtime: Arc<dyn Runtime>,
+    id_scheme: String,
+    store: Option<Arc<kinglet_runtime_oci::images::ImageStore>>,
+}
+
+impl Kubelet {
+    pub async fn start(s: Settings) -> anyhow::Result<Kubelet> {
+        info!(
+            version = env!("CARGO_PKG_VERSION"),
+            kubernetes = KUBERNETES_VERSION,
+            node = %s.node_name,
+            root_dir = %s.root_dir.display(),
+            "starting kinglet"
+        );
+        std::fs::create_dir_all(&s.root_dir)
+            .with_context(|| format!("cannot create root dir {}", s.root_dir.display()))?;
+        let mut k = Kubelet {
+            shutdown: CancellationToken::new(),
+            tasks: Vec::new(),
+        };
+        let started = k.start_runtime(&s).await?;
+        let client = api_client(&s).await?;
+        let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
+        k.start_pods(&s, &started, client.clone(), relist.clone())?;
+        k.start_images(&s, &started);
+        let update = s.config.node_status_update_frequency.0;
+        let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
+        k.start_healthz(&s, vec![("syncloop", syncloop.clone()), ("PLEG", relist)])
+            .await?;
+        match client {
+            Some(client) => k.start_node(&s, client, started.runtime, syncloop)?,
+            None => k.beat_standalone(started.runtime, syncloop, update),
+        }
+        Ok(k)
+    }
+
+    fn spawn(&mut self, f: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.tasks.push(tokio::spawn(f));
+    }
+
+    async fn start_runtime(&mut self, s: &Settings) -> anyhow::Result<Started> {
+        let cfg = &s.config;
+        let log_max_size = config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20);
+        let log_max_files = cfg.container_log_max_files.max(2) as u32;
+        if s.runtime == RuntimeKind::Oci {
+            let store = images::open_store(&s.root_dir)?;
+            let runtime = start_oci(s, store.clone(), log_max_size, log_max_files).await?;
+            return Ok(Started {
+                runtime,
+                id_scheme: format!("{}://", kinglet_runtime_oci::RUNTIME_NAME),
+                store: Some(store),
+            });
+        }
+        let endpoint = if cfg.container_runtime_endpoint.is_empty() {
+            DEFAULT_CRI_ENDPOINT
+        } else {
+            cfg.container_runtime_endpoint.as_str()
+        };
+        let cri = Arc::new(
+            kinglet_runtime_cri::CriRuntime::new(
+                endpoint,
+                s.root_dir.join("runtime/cri"),
+                "/sys/fs/cgroup",
+            )
+            .context("--container-runtime-endpoint")?,
+        );
+        // Container IDs are `<runtime name>://<id>`; the name comes from
+        // Version, or the endpoint while the runtime is down.
+        let name = match tokio::time::timeout(Duration::from_secs(3), cri.version()).await {
+            Ok(Ok(v)) => v.runtime_name,
+            _ if endpoint.contains("crio") => "cri-o".into(),
+            _ => "containerd".into(),
+        };
+        info!(endpoint, runtime = %name, "pods run through CRI");
+        let (c, stop) = (cri.clone(), self.shutdown.clone());
+        self.spawn(async move { c.watch_events(stop.cancelled_owned()).await });
+        let (c, stop) = (cri.clone(), self.shutdown.clone());
+        self.spawn(async move {
+            c.rotate_logs(log_max_size, log_max_files, stop.cancelled_owned())
+                .await
+        });
+        Ok(Started {
+            runtime: cri,
+            id_scheme: format!("{name}://"),
+            store: None,
+        })
+    }
+
+    /// Pod sources (the API watch when connected, static files), the
+    /// status manager and the pod manager.
+    fn start_pods(
+        &mut self,
+        s: &Settings,
+        started: &Started,
+        client: Option<kube::Client>,
+        relist: health::Heartbeat,
+    ) -> anyhow::Result<()> {
+        let cfg = &s.config;
+        let status_dir = s.root_dir.join("pods");
+        let mut sources = Vec::new();
+        let mut writer = None;
+        if let Some(client) = &client {
+            sources.push("api");
+            let (w, task) = pods::api_writer::ApiWriter::start(
+                client.clone(),
+                s.node_name.clone(),
+                self.shutdown.clone(),
+            );
+            self.tasks.push(task);
+            writer = Some(w);
+        }
+        if !cfg.static_pod_path.is_empty() {
+            sources.push("file");
+        }
+        let machine = node::host::HostPaths::default().machine_info();
+        let node_ctx = node_context(s, &started.id_scheme, &machine, client.clone());
+        let status = pods::StatusManager::new(status_dir.clone(), writer);
+        let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
+        let (cpu, memory) =
+            node::status::allocatable_cpu_memory(&machine, &reserved, &cfg.eviction_thresholds()?);
+        let allocatable = pods::admit::Allocatable {
+            cpu_milli: u128::from(cpu),
+            memory: u128::from(memory),
+            pods: cfg.max_pods.max(0) as usize,
+            labels: node::NodeTemplate::from_settings(s).labels,
+        };
+        let (manager, _killer, pod_tx, inputs) = pods::PodManager::new(
+            started.runtime.clone(),
+            node_ctx,
+            sources,
+            status,
+            allocatable,
+        );
+        let manager = manager.with_relist_heartbeat(relist);
+        if let Some(client) = client {
+            let checkpoint = status_dir.join("api-checkpoint.json");
+            let watch = pods::api::watch(
+                client,
+                s.node_name.clone(),
+                checkpoint,
+                pod_tx.clone(),
+                self.shutdown.clone(),
+            );
+            self.spawn(watch);
+        }
+        if !cfg.static_pod_path.is_empty() {
+            let dir = cfg.static_pod_path.clone().into();
+            let watch = pods::file::watch(dir, s.node_name.clone(), pod_tx, self.shutdown.clone());
+            self.spawn(watch);
+        }
+        self.spawn(manager.run(inputs, self.shutdown.clone()));
+        Ok(())
+    }
+
+    /// Image GC over the runtime (both runtimes) and, for kinglet's own
+    /// store, the import directory.
+    fn start_images(&mut self, s: &Settings, started: &Started) {
+        let cfg = &s.config;
+        let policy = pods::image_gc::Policy {
+            high_percent: cfg.image_gc_high_threshold_percent.clamp(0, 100) as u8,
+            low_percent: cfg.image_gc_low_threshold_percent.clamp(0, 100) as u8,
+            min_age: cfg.image_minimum_gc_age.0,
+        };
+        let gc = pods::image_gc::ImageGc::new(started.runtime.clone(), policy);
+        self.spawn(gc.run(self.shutdown.clone()));
+        if let Some(store) = &started.store {
+            let watch = images::watch_import_dir(
+                store.clone(),
+                s.import_dir.clone(),
+                self.shutdown.clone(),
+            );
+            self.spawn(watch);
+        }
+    }
+
+    async fn start_healthz(
+        &mut self,
+        s: &Settings,
+        checks: Vec<(&'static str, health::Heartbeat)>,
+    ) -> anyhow::Result<()> {
+        let cfg = &s.config;
+        if cfg.healthz_port == 0 {
+            return Ok(());
+        }
+        let ip = cfg
+            .healthz_bind_address
+            .parse()
+            .context("healthzBindAddress")?;
+        let addr = SocketAddr::new(ip, cfg.healthz_port as u16);
+        let listener = health::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for /healthz"))?;
+        info!(%addr, "serving /healthz");
+        self.spawn(health::serve(
+            listener,
+            Arc::new(checks),
+            self.shutdown.clone(),
+        ));
+        Ok(())
+    }
+
+    fn start_node(
+        &mut self,
+        s: &Settings,
+        client: kube::Client,
+        runtime: Arc<dyn Runtime>,
+        heartbeat: health::Heartbeat,
+    ) -> anyhow::Result<()> {
+        let cfg = &s.config;
+        let host = node::host::HostPaths::default();
+        let machine = host.machine_info();
+        let agent = node::NodeAgent {
+            client,
+            template: node::NodeTemplate::from_settings(s),
+            runtime,
+            host,
+            root_dir: s.root_dir.clone(),
+            status: node::status::StatusConfig {
+                machine,
+                max_pods: cfg.max_pods,
+                kubelet_version: format!(
+                    "{KUBERNETES_VERSION}+kinglet-{}",
+                    env!("CARGO_PKG_VERSION")
+                ),
+                kubelet_port: cfg.port,
+                addresses: node::host::node_addresses(s.node_ip, &s.node_name),
+                thresholds: cfg.eviction_thresholds()?,
+                reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
+                pressure_transition: cfg.eviction_pressure_transition_period.0,
+            },
+            update_frequency: cfg.node_status_update_frequency.0,
+            report_frequency: cfg.node_status_report_frequency.0,
+            lease_duration_seconds: cfg.node_lease_duration_seconds,
+            heartbeat,
+        };
+        self.spawn(agent.run(self.shutdown.clone()));
+        Ok(())
+    }
+
+    /// Standalone: nothing else beats, so beat while the runtime answers.
+    fn beat_standalone(
+        &mut self,
+        runtime: Arc<dyn Runtime>,
+        hb: health::Heartbeat,
+        every: Duration,
+    ) {
+        info!("no --kubeconfig: standalone mode, no API server");
+        let stop = self.shutdown.clone();
+        self.spawn(async move {
+            loop {
+                if runtime.status().await.is_ok() {
+                    hb.beat();
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(every) => {}
+                }
+            }
+        });
+    }
+
+    /// Runs until SIGTERM or SIGINT, then stops every task.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        crate::notify_systemd("READY=1");
+        wait_for_signal().await?;
+        info!("shutting down");
+        crate::notify_systemd("STOPPING=1");
+        self.shutdown.cancel();
+        // In-flight API calls get a short grace; SIGTERM must end us within 5 s.
+        let all = futures::future::join_all(self.tasks);
+        if tokio::time::timeout(Duration::from_secs(3), all)
+            .await
+            .is_err()
+        {
+            warn!("tasks did not stop within 3s; exiting anyway");
+        }
+        Ok(())
+    }
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+async fn api_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
+    let Some(path) = &s.kubeconfig else {
+        return Ok(None);
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path)
+        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+    let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
+    let client = kube::Client::try_from(client_cfg)
+        .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+    Ok(Some(client))
+}
+
+/// What pod specs are turned into runtime configs with.
+fn node_context(
+    s: &Settings,
+    id_scheme: &str,
+    machine: &node::host::MachineInfo,
+    client: Option<kube::Client>,
+) -> pods::convert::NodeContext {
+    let cfg = &s.config;
+    let addresses = node::host::node_addresses(s.node_ip, &s.node_name);
+    let node_ip = addresses
+        .iter()
+        .find(|(t, _)| t == "InternalIP")
+        .map(|(_, a)| a.clone())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let min_oom_score_adj = pods::convert::min_oom_score_adj();
+    if min_oom_score_adj > -1000 {
+        warn!(
+            min = min_oom_score_adj,
+            "no CAP_SYS_RESOURCE: OOM score adjustments below {min_oom_score_adj} (Guaranteed pods' -997) are raised to it"
+        );
+    }
+    pods::convert::NodeContext {
+        node_name: s.node_name.clone(),
+        node_ip,
+        memory_capacity: machine.memory_bytes,
+        cluster_dns: cfg.cluster_dns.clone(),
+        cluster_domain: cfg.cluster_domain.clone(),
+        pod_pids_limit: cfg.pod_pids_limit,
+        log_root: s.pod_log_dir.display().to_string(),
+        volume_root: s.root_dir.join("volumes").display().to_string(),
+        min_oom_score_adj,
+        container_id_scheme: id_scheme.to_string(),
+        clock: pods::plan::Clock::System,
+        objects: client.map(|c| {
+            Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
+        }),
+    }
+}
+
+/// The in-process runtime: images from kinglet's store, CNI, and the
+/// container monitor started (or found running).
+async fn start_oci(
+    s: &config::flags::Settings,
+    store: Arc<kinglet_runtime_oci::images::ImageStore>,
+    log_max_size: u64,
+    log_max_files: u32,
+) -> anyhow::Result<Arc<dyn Runtime>> {
+    // A bad registry configuration is a start-up error, like a bad config.
+    let puller = Arc::new(images::puller(store, &s.registry_config)?);
+    let mut oci = kinglet_runtime_oci::OciRuntime::new(
+        s.root_dir.join("runtime/oci"),
+        "/sys/fs/cgroup",
+        puller,
+    )
+    .with_log_rotation(log_max_size, log_max_files);
+    if !s.cni_conf_dir.as_os_str().is_empty() {
+        let cni = kinglet_runtime_oci::network::Cni {
+            conf_dir: s.cni_conf_dir.clone(),
+            bin_dirs: s.cni_bin_dirs.clone(),
+            cache_dir: s.root_dir.join("cni/results"),
+        };
+        let default = kinglet_runtime_oci::network::default_conflist(
+            "kinglet0",
+            "10.88.0.0/16",
+            &s.root_dir.join("cni/networks"),
+        );
+        match cni.install_default(&default) {
+            Ok(true) => {
+                info!(dir = %s.cni_conf_dir.display(), "installed the default CNI conflist (bridge kinglet0, 10.88.0.0/16)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(dir = %s.cni_conf_dir.display(), error = %e, "cannot install the default CNI conflist")
+            }
+        }
+        oci = oci.with_cni(cni);
+    }
+    let exe = std::env::current_exe().context("cannot find kinglet's own executable")?;
+    if let Err(e) = oci.start_monitor(&exe).await {
+        // The node reports NotReady with the reason until it answers.
+        warn!(error = %e, "the container monitor did not start");
+    }
+    Ok(Arc::new(oci))
+}

@@ -1,0 +1,386 @@
+//! The API side of the status manager: writes pod statuses, creates
+//! mirror pods for static pods, publishes pod events and deletes
+//! terminated pods, as upstream's `status_manager` and `mirror_client` do.
+//!
+//! It holds at most one pending status and one pending deletion per pod
+//! UID (newer replaces older), so a pod that changes often or an API
+//! server that is down never grows a queue; failures are retried every
+//! 2 s until they land. Events go through a bounded queue and are dropped,
+//! with a debug line, when it is full (upstream's recorder drops too).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::convert::pod_name;
+
+const MIRROR: &str = "kubernetes.io/config.mirror";
+const SOURCE: &str = "kubernetes.io/config.source";
+/// Events waiting to be published; past this they are dropped.
+const EVENT_QUEUE: usize = 1024;
+
+/// The pod's namespace, name, and an `Api` for that namespace.
+fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
+    let (ns, name) = super::convert::namespace_and_name(pod);
+    (Api::namespaced(client.clone(), &ns), ns, name)
+}
+
+pub fn is_static(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(SOURCE).is_some_and(|s| s != "api"))
+}
+
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR))
+}
+
+struct PodEvent {
+    pod: Box<Pod>,
+    type_: &'static str,
+    reason: String,
+    message: String,
+}
+
+/// What waits to be written, newest per UID.
+#[derive(Default)]
+struct Outbox {
+    statuses: HashMap<String, (Pod, PodStatus)>,
+    deletes: HashMap<String, Pod>,
+}
+
+/// The handle the status manager writes through.
+pub struct ApiWriter {
+    outbox: Arc<Mutex<Outbox>>,
+    wake: Arc<Notify>,
+    events: mpsc::Sender<PodEvent>,
+}
+
+impl ApiWriter {
+    /// Starts the writer task.
+    pub fn start(
+        client: Client,
+        node_name: String,
+        shutdown: CancellationToken,
+    ) -> (ApiWriter, tokio::task::JoinHandle<()>) {
+        let outbox = Arc::new(Mutex::new(Outbox::default()));
+        let wake = Arc::new(Notify::new());
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let task = Task {
+            client,
+            node_name,
+            outbox: outbox.clone(),
+            wake: wake.clone(),
+            mirrored: HashSet::new(),
+            failing: HashMap::new(),
+        };
+        let handle = tokio::spawn(task.run(rx, shutdown));
+        let w = ApiWriter {
+            outbox,
+            wake,
+            events: tx,
+        };
+        (w, handle)
+    }
+
+    fn outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self, pod: &Pod, status: &PodStatus) {
+        if let Some(uid) = pod.metadata.uid.clone() {
+            self.outbox()
+                .statuses
+                .insert(uid, (pod.clone(), status.clone()));
+            self.wake.notify_one();
+        }
+    }
+
+    pub fn event(&self, pod: &Pod, type_: &'static str, reason: &str, message: &str) {
+        let ev = PodEvent {
+            pod: Box::new(pod.clone()),
+            type_,
+            reason: reason.into(),
+            message: message.into(),
+        };
+        if self.events.try_send(ev).is_err() {
+            debug!(pod = %pod_name(pod), reason, "event queue full; event dropped");
+        }
+    }
+
+    /// The pod is done on this node: delete what the API holds of it.
+    pub fn finish(&self, pod: &Pod) {
+        if let Some(uid) = pod.metadata.uid.clone() {
+            let mut o = self.outbox();
+            o.statuses.remove(&uid);
+            o.deletes.insert(uid, pod.clone());
+            self.wake.notify_one();
+        }
+    }
+}
+
+struct Task {
+    client: Client,
+    node_name: String,
+    outbox: Arc<Mutex<Outbox>>,
+    wake: Arc<Notify>,
+    /// Static pods whose mirror pod exists, so it is created once.
+    mirrored: HashSet<String>,
+    /// The last error per pod, so a persistent failure is logged once.
+    failing: HashMap<String, String>,
+}
+
+impl Task {
+    async fn run(mut self, mut events: mpsc::Receiver<PodEvent>, shutdown: CancellationToken) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: "kubelet".into(),
+                instance: Some(self.node_name.clone()),
+            },
+        );
+        let mut retry = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = events.recv() => match e {
+                    None => return,
+                    Some(e) => self.publish(&recorder, e).await,
+                },
+                _ = self.wake.notified() => {}
+                _ = retry.tick() => {}
+            }
+            self.flush().await;
+        }
+    }
+
+    fn take(&self) -> Outbox {
+        std::mem::take(&mut *self.outbox.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Writes what waits; what fails goes back unless something newer
+    /// arrived meanwhile.
+    async fn flush(&mut self) {
+        let pending = self.take();
+        let mut failed = Outbox::default();
+        for (uid, (pod, status)) in pending.statuses {
+            let r = write_status(
+                &self.client,
+                &self.node_name,
+                &pod,
+                &status,
+                &mut self.mirrored,
+            )
+            .await;
+            if let Err(e) = r {
+                self.failed(&uid, &pod, "cannot write the pod status; will retry", e);
+                failed.statuses.insert(uid, (pod, status));
+            } else {
+                self.failing.remove(&uid);
+            }
+        }
+        for (uid, pod) in pending.deletes {
+            self.mirrored.remove(&uid);
+            if let Err(e) = finish(&self.client, &pod).await {
+                self.failed(&uid, &pod, "cannot delete the pod object; will retry", e);
+                failed.deletes.insert(uid, pod);
+            } else {
+                self.failing.remove(&uid);
+            }
+        }
+        let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        for (uid, v) in failed.statuses {
+            if !o.deletes.contains_key(&uid) {
+                o.statuses.entry(uid).or_insert(v);
+            }
+        }
+        for (uid, v) in failed.deletes {
+            o.deletes.entry(uid).or_insert(v);
+        }
+    }
+
+    fn failed(&mut self, uid: &str, pod: &Pod, what: &str, e: kube::Error) {
+        let msg = e.to_string();
+        if self.failing.get(uid) != Some(&msg) {
+            warn!(pod = %pod_name(pod), error = %msg, "{what}");
+            self.failing.insert(uid.to_string(), msg);
+        }
+    }
+
+    async fn publish(&self, recorder: &Recorder, e: PodEvent) {
+        let Some(reference) = reference(&self.client, &e.pod).await else {
+            return;
+        };
+        let ev = Event {
+            type_: if e.type_ == "Warning" {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.clone(),
+            note: Some(e.message),
+            action: e.reason,
+            secondary: None,
+        };
+        if let Err(err) = recorder.publish(&ev, &reference).await {
+            debug!(error = %err, "could not record a pod event");
+        }
+    }
+}
+
+async fn reference(client: &Client, pod: &Pod) -> Option<ObjectReference> {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone()?;
+    let uid = if is_static(pod) {
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        api.get_opt(&name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.metadata.uid)
+    } else {
+        pod.metadata.uid.clone()
+    };
+    Some(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name),
+        namespace: Some(ns),
+        uid,
+        ..Default::default()
+    })
+}
+
+/// Creates the mirror pod of a static pod, owned by the Node as
+/// NodeRestriction requires.
+async fn ensure_mirror(client: &Client, node_name: &str, pod: &Pod) -> Result<(), kube::Error> {
+    let ns = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    // No GET first: the Node authorizer lets a node read only pods bound to
+    // it, and a mirror pod that does not exist yet is not.
+    let node: Node = Api::all(client.clone()).get(node_name).await?;
+    let mut ann = pod.metadata.annotations.clone().unwrap_or_default();
+    let hash = ann
+        .get("kubernetes.io/config.hash")
+        .cloned()
+        .unwrap_or_default();
+    ann.insert(MIRROR.into(), hash);
+    let mirror = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns),
+            labels: pod.metadata.labels.clone(),
+            annotations: Some(ann),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node_name.into(),
+                uid: node.metadata.uid.unwrap_or_default(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        spec: pod.spec.clone(),
+        status: None,
+    };
+    match api.create(&PostParams::default(), &mirror).await {
+        Ok(_) => {
+            info!(pod = %name, "created mirror pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes a pod's status. `mirrored` remembers the static pods whose
+/// mirror pod exists, so it is created once, not on every status change.
+async fn write_status(
+    client: &Client,
+    node_name: &str,
+    pod: &Pod,
+    status: &PodStatus,
+    mirrored: &mut HashSet<String>,
+) -> Result<(), kube::Error> {
+    let (api, _, name) = pod_api(client, pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if is_static(pod) && !mirrored.contains(&uid) {
+        ensure_mirror(client, node_name, pod).await?;
+        mirrored.insert(uid.clone());
+    }
+    let mut patch = serde_json::json!({ "status": status });
+    if !is_static(pod)
+        && let Some(uid) = &pod.metadata.uid
+    {
+        // Never write onto a re-created pod of the same name.
+        patch["metadata"] = serde_json::json!({ "uid": uid });
+    }
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone meanwhile: nothing to report to now; a static pod's mirror
+        // that an admin deleted is created again on the next change.
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            mirrored.remove(&uid);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A terminated pod: an API pod being deleted is removed for good (grace
+/// 0, only this UID), a static pod's mirror goes with it. Already gone or
+/// replaced (404, 409) counts as done.
+async fn finish(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
+    let (api, ns, name) = pod_api(client, pod);
+    let dp = if is_static(pod) {
+        DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        }
+    } else if pod.metadata.deletion_timestamp.is_some() {
+        DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        }
+    } else {
+        return Ok(());
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {
+            info!(pod = %format!("{ns}/{name}"), "pod deleted from the API");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

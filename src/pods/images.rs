@@ -1,0 +1,161 @@
+//! Images for a pod's containers: the pull policy, pulls with the pod's
+//! image pull secrets, and the image pull back-off, as upstream's
+//! `images/image_manager.go`. Runtime-neutral: the runtime pulls.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kinglet_runtime::{PullAuth, Runtime, image};
+use tokio::time::Instant;
+
+use super::convert::{self, ObjectKind, ObjectSource};
+use super::plan::Backoff;
+use super::report::Reporter;
+
+/// Why a container's image is not there yet: the waiting reason and
+/// message.
+pub type Waiting = (String, String);
+
+/// Pulls images for one pod's worker and keeps its pull back-off.
+pub struct ImageManager {
+    runtime: Arc<dyn Runtime>,
+    objects: Option<Arc<dyn ObjectSource>>,
+    backoff: BTreeMap<String, Backoff>,
+}
+
+impl ImageManager {
+    pub fn new(runtime: Arc<dyn Runtime>, objects: Option<Arc<dyn ObjectSource>>) -> Self {
+        ImageManager {
+            runtime,
+            objects,
+            backoff: BTreeMap::new(),
+        }
+    }
+
+    /// Time left in the pull back-off of any image, the shortest.
+    pub fn retry_in(&self, now: Instant) -> Option<std::time::Duration> {
+        self.backoff.values().filter_map(|b| b.left(now)).min()
+    }
+
+    /// Ensures the container's image per its pull policy.
+    pub async fn ensure(
+        &mut self,
+        rep: &Reporter,
+        pod: &Pod,
+        c: &Container,
+    ) -> Result<(), Waiting> {
+        let image = c.image.clone().unwrap_or_default();
+        let policy = c
+            .image_pull_policy
+            .clone()
+            .unwrap_or_else(|| image::default_pull_policy(&image).into());
+        let present = match self.runtime.image_status(&image).await {
+            Ok(p) => p.is_some(),
+            Err(f) => return Err((f.reason, f.message)),
+        };
+        let pull = match policy.as_str() {
+            "Never" if !present => {
+                let msg =
+                    format!("Container image \"{image}\" is not present with pull policy of Never");
+                rep.event(pod, "Warning", "ErrImageNeverPull", msg.clone())
+                    .await;
+                return Err(("ErrImageNeverPull".into(), msg));
+            }
+            "Never" => false,
+            "IfNotPresent" => !present,
+            _ => true,
+        };
+        if !pull {
+            if policy != "Always" {
+                let msg = format!("Container image \"{image}\" already present on machine");
+                rep.event(pod, "Normal", "Pulled", msg).await;
+            }
+            return Ok(());
+        }
+        if self
+            .backoff
+            .get(&image)
+            .is_some_and(|b| b.left(Instant::now()).is_some())
+        {
+            return Err((
+                "ImagePullBackOff".into(),
+                format!("Back-off pulling image \"{image}\""),
+            ));
+        }
+        self.pull(rep, pod, &image).await
+    }
+
+    async fn pull(&mut self, rep: &Reporter, pod: &Pod, image: &str) -> Result<(), Waiting> {
+        rep.event(
+            pod,
+            "Normal",
+            "Pulling",
+            format!("Pulling image \"{image}\""),
+        )
+        .await;
+        let started = Instant::now();
+        let auth = self.pull_auth(rep, pod, image).await;
+        match self.runtime.pull_image(image, &auth).await {
+            Ok(info) => {
+                self.backoff.remove(image);
+                let msg = format!(
+                    "Successfully pulled image \"{image}\" in {:.3}s. Image size: {} bytes.",
+                    started.elapsed().as_secs_f64(),
+                    info.size
+                );
+                rep.event(pod, "Normal", "Pulled", msg).await;
+                Ok(())
+            }
+            Err(f) => {
+                let next = Backoff::after(self.backoff.get(image), Instant::now());
+                self.backoff.insert(image.to_string(), next);
+                let msg = format!("Failed to pull image \"{image}\": {}", f.message);
+                rep.event(pod, "Warning", "Failed", msg.clone()).await;
+                rep.event(pod, "Warning", "Failed", format!("Error: {}", f.reason))
+                    .await;
+                Err((f.reason, msg))
+            }
+        }
+    }
+
+    /// Credentials for `image` from the pod's imagePullSecrets, tried in
+    /// order by the runtime, as upstream's keyring does.
+    async fn pull_auth(&self, rep: &Reporter, pod: &Pod, image: &str) -> Vec<PullAuth> {
+        let names: Vec<String> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let Ok(reference) = image::parse(image) else {
+            return Vec::new();
+        };
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let (ns, _) = convert::namespace_and_name(pod);
+        let mut raw = Vec::new();
+        let mut missing = Vec::new();
+        for n in names {
+            let got = match &self.objects {
+                Some(src) => src.get(ObjectKind::Secret, &ns, &n).await.ok().flatten(),
+                None => None,
+            };
+            match got.and_then(|d| d.get(".dockerconfigjson").cloned()) {
+                Some(v) => raw.push(v.into_bytes()),
+                None => missing.push(n),
+            }
+        }
+        if !missing.is_empty() {
+            let msg = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                missing.join(", ")
+            );
+            rep.event(pod, "Warning", "FailedToRetrieveImagePullSecret", msg)
+                .await;
+        }
+        image::credentials_from_secrets(&raw, &reference.registry)
+    }
+}

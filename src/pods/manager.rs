@@ -1,0 +1,324 @@
+//! The pod manager: the one task that joins the parts. Source snapshots
+//! go through the merge ([`Sources`]) to the pod workers' lifecycle
+//! ([`PodWorkers`]) after admission; the PLEG's relist wakes the workers
+//! whose containers changed; worker reports go to the status manager;
+//! kill requests (eviction, later liveness) go to the workers. Once every
+//! source has reported, what belongs to pods that are gone is removed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kinglet_runtime::Runtime;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::admit;
+use super::convert::{NodeContext, pod_name};
+use super::pleg::Pleg;
+use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
+use super::report::{Report, Reporter};
+use super::sources::{SourceUpdate, Sources};
+use super::status_manager::{self, StatusManager};
+use super::worker::{KillRequest, Worker};
+
+/// How others ask for a pod to be stopped: eviction hands this a pod UID
+/// and a [`KillRequest`]; it never holds the pod manager. Eviction (#16)
+/// and liveness probes (#13) are its users to come; the lifecycle tests
+/// drive it today.
+#[derive(Clone, Debug)]
+#[allow(dead_code)]
+pub struct PodKiller(mpsc::Sender<(String, KillRequest)>);
+
+#[allow(dead_code)]
+impl PodKiller {
+    pub async fn kill(&self, uid: &str, k: KillRequest) {
+        let _ = self.0.send((uid.to_string(), k)).await;
+    }
+}
+
+pub struct PodManager {
+    runtime: Arc<dyn Runtime>,
+    node: NodeContext,
+    sources: Sources,
+    status: StatusManager,
+    allocatable: admit::Allocatable,
+    pleg: Pleg,
+    workers: PodWorkers,
+    /// Pods refused at admission: never started, never retried; `true`
+    /// once their deletion was handed to the status manager.
+    rejected: BTreeMap<String, bool>,
+    cleaned: bool,
+    reports: mpsc::Sender<Report>,
+    kills: mpsc::Receiver<(String, KillRequest)>,
+    /// Beaten after each successful relist (for `/healthz`).
+    relist_beat: Option<crate::health::Heartbeat>,
+}
+
+/// The channels the manager's loop reads.
+pub struct Inputs {
+    pub updates: mpsc::Receiver<SourceUpdate>,
+    reports: mpsc::Receiver<Report>,
+}
+
+impl PodManager {
+    /// A manager for the given parts; `sources` names the sources that must
+    /// report before anything is removed as gone.
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        node: NodeContext,
+        sources: Vec<&'static str>,
+        status: StatusManager,
+        allocatable: admit::Allocatable,
+    ) -> (PodManager, PodKiller, mpsc::Sender<SourceUpdate>, Inputs) {
+        let (report_tx, reports) = mpsc::channel(256);
+        let (kill_tx, kills) = mpsc::channel(64);
+        let (update_tx, updates) = mpsc::channel(16);
+        let m = PodManager {
+            pleg: Pleg::new(runtime.clone()),
+            runtime,
+            node,
+            sources: Sources::new(sources),
+            status,
+            allocatable,
+            workers: PodWorkers::default(),
+            rejected: BTreeMap::new(),
+            cleaned: false,
+            reports: report_tx,
+            kills,
+            relist_beat: None,
+        };
+        (
+            m,
+            PodKiller(kill_tx),
+            update_tx,
+            Inputs { updates, reports },
+        )
+    }
+
+    /// Beats `hb` after every successful relist.
+    pub fn with_relist_heartbeat(mut self, hb: crate::health::Heartbeat) -> Self {
+        self.relist_beat = Some(hb);
+        self
+    }
+
+    pub async fn run(mut self, mut inputs: Inputs, shutdown: CancellationToken) {
+        // Know what already runs before the first snapshot is admitted, so
+        // a restart never rejects a running pod.
+        self.relist().await;
+        let mut relist = tokio::time::interval(Duration::from_secs(1));
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let changes = self.runtime.changes();
+        let cache = self.pleg.cache();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                u = inputs.updates.recv() => match u {
+                    Some(u) => self.on_source(u, &shutdown),
+                    None => return,
+                },
+                r = inputs.reports.recv() => match r {
+                    Some(r) => self.on_report(r, &shutdown),
+                    None => return,
+                },
+                Some((uid, k)) = self.kills.recv() => {
+                    self.workers.kill(&uid, k);
+                }
+                _ = relist.tick() => self.relist().await,
+                _ = cache.wanted() => self.relist().await,
+                _ = async {
+                    match &changes {
+                        Some(n) => n.notified().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.relist().await,
+            }
+        }
+    }
+
+    async fn relist(&mut self) {
+        match self.pleg.relist().await {
+            Ok(changed) => {
+                for uid in changed {
+                    self.workers.wake(&uid);
+                }
+                if let Some(hb) = &self.relist_beat {
+                    hb.beat();
+                }
+            }
+            Err(e) => warn!(error = %e, "relisting containers failed"),
+        }
+    }
+
+    fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
+        self.sources.update(u);
+        let desired = self.sources.desired();
+        for (uid, pod) in &desired {
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            if self.workers.known(uid) {
+                self.workers.update(uid, pod);
+            } else if let Some(deleted) = self.rejected.get_mut(uid) {
+                // A rejected pod never ran: its deletion is written once.
+                if deleting && !*deleted {
+                    *deleted = true;
+                    self.status.terminated(uid, pod);
+                }
+            } else if deleting {
+                // Deleted before it ever ran here (or while kinglet was
+                // down): a worker stops what runs and finishes the deletion.
+                self.start_worker(uid, pod, shutdown);
+            } else {
+                self.admit_and_start(uid, pod, &desired, shutdown);
+            }
+        }
+        self.workers.remove_missing(&desired);
+        let gone: Vec<String> = self
+            .rejected
+            .keys()
+            .filter(|u| !desired.contains_key(*u))
+            .cloned()
+            .collect();
+        for u in gone {
+            self.rejected.remove(&u);
+            self.status.forget(&u);
+        }
+        if !self.cleaned && self.sources.ready() {
+            self.cleaned = true;
+            let keep: BTreeSet<String> = desired.keys().cloned().collect();
+            let gone = self.status.remove_stale_records(&keep);
+            let orphans = remove_orphans(self.runtime.clone(), self.node.clone(), keep, gone);
+            tokio::spawn(orphans);
+        }
+    }
+
+    fn admit_and_start(
+        &mut self,
+        uid: &str,
+        pod: &Pod,
+        desired: &BTreeMap<String, Pod>,
+        shutdown: &CancellationToken,
+    ) {
+        // A pod whose containers already run (a restart) is not admitted
+        // again; a new one must fit next to the running ones.
+        if self.pleg.cache().get(uid).is_empty() {
+            let others: Vec<&Pod> =
+                self.workers
+                    .in_phase(Phase::Syncing)
+                    .filter(|u| {
+                        !self.status.get(u).is_some_and(|s| {
+                            matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
+                        })
+                    })
+                    .filter_map(|u| desired.get(u))
+                    .collect();
+            if let Err(r) = admit::admit(pod, &others, &self.allocatable) {
+                warn!(pod = %pod_name(pod), reason = %r.reason, "{}", r.message);
+                self.rejected.insert(uid.to_string(), false);
+                self.status.event(pod, "Warning", &r.reason, &r.message);
+                self.status.set(uid, pod, admit::rejected_status(&r));
+                return;
+            }
+        }
+        self.start_worker(uid, pod, shutdown);
+    }
+
+    fn start_worker(&mut self, uid: &str, pod: &Pod, shutdown: &CancellationToken) {
+        info!(pod = %pod_name(pod), uid, "pod added");
+        let (rx, wake) = self.workers.add(uid, pod);
+        let rep = Reporter {
+            uid: uid.to_string(),
+            tx: self.reports.clone(),
+        };
+        let mut w = Worker::new(
+            uid.into(),
+            self.runtime.clone(),
+            self.node.clone(),
+            self.pleg.cache(),
+            rep,
+        );
+        // A pod adopted after a restart keeps its start time.
+        if let Some(t) =
+            status_manager::read_record(self.status_dir(), uid).and_then(|r| r.status.start_time)
+        {
+            w.set_start_time(t);
+        }
+        tokio::spawn(w.run(rx, wake, shutdown.clone()));
+    }
+
+    fn status_dir(&self) -> &Path {
+        self.status.dir()
+    }
+
+    fn on_report(&mut self, r: Report, shutdown: &CancellationToken) {
+        match r {
+            Report::Status { uid, pod, status } => self.status.set(&uid, &pod, *status),
+            Report::Event {
+                pod,
+                type_,
+                reason,
+                message,
+            } => self.status.event(&pod, type_, &reason, &message),
+            Report::Terminated { uid } => self.workers.terminated(&uid),
+            Report::Removed { uid, pod } => {
+                info!(pod = %pod_name(&pod), uid = %uid, "pod removed");
+                self.status.terminated(&uid, &pod);
+                let listed = self.sources.get(&uid).cloned();
+                if self.workers.removed(&uid, listed.is_some()) == AfterRemoval::Restart
+                    && let Some(p) = listed
+                {
+                    self.start_worker(&uid, &p, shutdown);
+                }
+            }
+        }
+    }
+}
+
+/// After a restart: containers and sandboxes of pods no source wants
+/// any more are stopped and removed, and their volumes; log dirs go for
+/// the pods this node recorded (`gone`): the log root may be shared.
+async fn remove_orphans(
+    runtime: Arc<dyn Runtime>,
+    node: NodeContext,
+    desired: BTreeSet<String>,
+    gone: BTreeSet<String>,
+) {
+    let containers = runtime.list_containers().await.unwrap_or_default();
+    for c in containers.iter().filter(|c| !desired.contains(&c.pod_uid)) {
+        info!(container = %c.name, pod_uid = %c.pod_uid, "removing container of a pod that is gone");
+        let _ = runtime.stop_container(&c.id, Duration::from_secs(2)).await;
+        let _ = runtime.remove_container(&c.id).await;
+    }
+    for s in runtime.list_pod_sandboxes().await.unwrap_or_default() {
+        if !desired.contains(&s.pod_uid) {
+            let _ = runtime.remove_pod_sandbox(&s.id).await;
+        }
+    }
+    let _ = tokio::task::spawn_blocking(move || remove_orphan_dirs(&node, &desired, &gone)).await;
+}
+
+/// Volume dirs (`<volume root>/<uid>`) of UIDs no source lists, and log
+/// dirs (`<log root>/<ns>_<name>_<uid>`) of the recorded pods now gone.
+fn remove_orphan_dirs(node: &NodeContext, desired: &BTreeSet<String>, gone: &BTreeSet<String>) {
+    let dirs = |root: &str| -> Vec<(String, std::path::PathBuf)> {
+        std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .collect()
+    };
+    for (name, path) in dirs(&node.volume_root) {
+        if !desired.contains(&name) {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+    for (name, path) in dirs(&node.log_root) {
+        if name.rsplit('_').next().is_some_and(|u| gone.contains(u)) {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! What a pod needs next, as a pure function of the pod, its containers as
+//! the runtime reports them, the back-offs and the time (upstream's
+//! `computePodActions`). The worker executes the plan and reports; this
+//! module touches nothing, so every rule is unit-tested here.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kinglet_runtime::{ContainerState, ContainerStatus};
+use tokio::time::Instant;
+
+use super::status;
+
+/// Upstream's container restart back-off: 10 s doubling to 300 s; reset
+/// after 10 minutes of clean running.
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+pub const BACKOFF_RESET: Duration = Duration::from_secs(600);
+
+/// The wall clock container times are compared with. `System` in
+/// production; `Tokio` follows tokio's (pausable) clock from the moment it
+/// was made, so back-off and deadline tests run in paused time.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Clock {
+    #[default]
+    System,
+    #[cfg(test)]
+    Tokio { base_nanos: i64, base: Instant },
+}
+
+impl Clock {
+    #[cfg(test)]
+    pub fn following_tokio() -> Clock {
+        Clock::Tokio {
+            base_nanos: jiff::Timestamp::now().as_nanosecond() as i64,
+            base: Instant::now(),
+        }
+    }
+
+    /// Unix nanoseconds.
+    pub fn now_nanos(&self) -> i64 {
+        match self {
+            Clock::System => jiff::Timestamp::now().as_nanosecond() as i64,
+            #[cfg(test)]
+            Clock::Tokio { base_nanos, base } => base_nanos + base.elapsed().as_nanos() as i64,
+        }
+    }
+
+    pub fn now(&self) -> jiff::Timestamp {
+        jiff::Timestamp::from_nanosecond(i128::from(self.now_nanos())).unwrap_or_default()
+    }
+}
+
+/// One back-off: how long, counted from when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub delay: Duration,
+    pub since: Instant,
+}
+
+impl Backoff {
+    /// The next back-off after `prev` (10 s, doubling, capped), from `now`.
+    pub fn after(prev: Option<&Backoff>, now: Instant) -> Backoff {
+        Backoff {
+            delay: prev.map_or(BACKOFF_INITIAL, |b| (b.delay * 2).min(BACKOFF_MAX)),
+            since: now,
+        }
+    }
+
+    /// Time left at `now`, if any.
+    pub fn left(&self, now: Instant) -> Option<Duration> {
+        let passed = now.saturating_duration_since(self.since);
+        (passed < self.delay).then(|| self.delay - passed)
+    }
+}
+
+/// Back-offs a worker keeps per container name.
+#[derive(Debug, Default, Clone)]
+pub struct Backoffs {
+    /// Crash-loop back-off, counted from the container's exit.
+    pub restart: BTreeMap<String, Backoff>,
+    /// After a failed create or start (config, create or run errors).
+    pub failure: BTreeMap<String, Backoff>,
+}
+
+/// What to do with one container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Running, or finished for good: nothing to do.
+    Keep,
+    /// Created but not started (a crash between the two): start it.
+    StartCreated(String),
+    /// Create and start this attempt, after removing older attempts (the
+    /// previous one stays, for `lastState`).
+    Start { attempt: u32, remove: Vec<String> },
+    /// Exited and restartable, but in back-off: wait `left`.
+    CrashLoop { delay: Duration, left: Duration },
+    /// The last create or start failed: retry after `left`.
+    RetryLater { left: Duration },
+}
+
+/// One container's step, and what the plan learned of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerStep {
+    pub name: String,
+    pub step: Step,
+    /// The restart back-off is to be forgotten (it ran long enough).
+    pub reset_backoff: bool,
+}
+
+/// The whole pod's next steps, in order: init containers up to the first
+/// that is not done (sidecars count once running), then the regular
+/// containers once every init container is.
+pub fn plan(
+    pod: &Pod,
+    current: &[ContainerStatus],
+    backoffs: &Backoffs,
+    now_wall_nanos: i64,
+    now: Instant,
+) -> Vec<ContainerStep> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    let at = At {
+        wall_nanos: now_wall_nanos,
+        now,
+    };
+    let mut steps = Vec::new();
+    for ic in spec.init_containers.iter().flatten() {
+        let sidecar = ic.restart_policy.as_deref() == Some("Always");
+        let ic_policy = match (sidecar, policy) {
+            (true, _) => "Always",
+            (false, "Never") => "Never",
+            _ => "OnFailure",
+        };
+        let (step, succeeded) = container_step(ic, current, ic_policy, backoffs, &at);
+        let running = status::attempts(current, &ic.name)
+            .first()
+            .is_some_and(|c| c.state == ContainerState::Running);
+        steps.push(step);
+        if !(succeeded || sidecar && running) {
+            return steps;
+        }
+    }
+    for c in &spec.containers {
+        steps.push(container_step(c, current, policy, backoffs, &at).0);
+    }
+    steps
+}
+
+struct At {
+    wall_nanos: i64,
+    now: Instant,
+}
+
+fn restartable(policy: &str, exit_code: i32) -> bool {
+    match policy {
+        "Always" => true,
+        "OnFailure" => exit_code != 0,
+        _ => false,
+    }
+}
+
+/// One container's step; `true` when it finished successfully for good.
+fn container_step(
+    c: &Container,
+    current: &[ContainerStatus],
+    policy: &str,
+    backoffs: &Backoffs,
+    at: &At,
+) -> (ContainerStep, bool) {
+    let mk = |step, reset_backoff| ContainerStep {
+        name: c.name.clone(),
+        step,
+        reset_backoff,
+    };
+    let failed = backoffs.failure.get(&c.name).and_then(|b| b.left(at.now));
+    let tries = status::attempts(current, &c.name);
+    let Some(latest) = tries.first() else {
+        return match failed {
+            Some(left) => (mk(Step::RetryLater { left }, false), false),
+            None => (
+                mk(
+                    Step::Start {
+                        attempt: 0,
+                        remove: vec![],
+                    },
+                    false,
+                ),
+                false,
+            ),
+        };
+    };
+    match latest.state {
+        ContainerState::Running => (mk(Step::Keep, false), false),
+        ContainerState::Created | ContainerState::Unknown => {
+            (mk(Step::StartCreated(latest.id.clone()), false), false)
+        }
+        ContainerState::Exited if !restartable(policy, latest.exit_code) => {
+            (mk(Step::Keep, false), latest.exit_code == 0)
+        }
+        ContainerState::Exited => {
+            let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
+            let reset = ran >= BACKOFF_RESET;
+            let restart = backoffs.restart.get(&c.name).filter(|_| !reset);
+            let finished_ago =
+                Duration::from_nanos((at.wall_nanos - latest.finished_at).max(0) as u64);
+            if let Some(left) = failed {
+                return (mk(Step::RetryLater { left }, reset), false);
+            }
+            if let Some(b) = restart
+                && finished_ago < b.delay
+            {
+                let step = Step::CrashLoop {
+                    delay: b.delay,
+                    left: b.delay - finished_ago,
+                };
+                return (mk(step, reset), false);
+            }
+            let remove = tries.iter().skip(1).map(|o| o.id.clone()).collect();
+            let step = Step::Start {
+                attempt: latest.attempt + 1,
+                remove,
+            };
+            (mk(step, reset), false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    const S: i64 = 1_000_000_000;
+
+    fn pod(policy: &str, inits: &[(&str, bool)], containers: &[&str]) -> Pod {
+        let c = |n: &str, sidecar: bool| Container {
+            name: n.into(),
+            image: Some("busybox".into()),
+            restart_policy: sidecar.then(|| "Always".into()),
+            ..Default::default()
+        };
+        Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                init_containers: Some(inits.iter().map(|(n, s)| c(n, *s)).collect()),
+                containers: containers.iter().map(|n| c(n, false)).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(
+        name: &str,
+        attempt: u32,
+        state: ContainerState,
+        exit: i32,
+        finished: i64,
+    ) -> ContainerStatus {
+        ContainerStatus {
+            id: format!("{name}-{attempt}"),
+            sandbox_id: "s".into(),
+            pod_uid: "u".into(),
+            name: name.into(),
+            attempt,
+            image: String::new(),
+            image_ref: String::new(),
+            image_id: String::new(),
+            state,
+            created_at: attempt as i64,
+            started_at: finished - S,
+            finished_at: finished,
+            exit_code: exit,
+            reason: String::new(),
+            message: String::new(),
+            log_path: String::new(),
+            pid: 0,
+        }
+    }
+
+    fn steps(
+        p: &Pod,
+        cur: &[ContainerStatus],
+        b: &Backoffs,
+        wall: i64,
+        now: Instant,
+    ) -> Vec<(String, Step)> {
+        plan(p, cur, b, wall, now)
+            .into_iter()
+            .map(|s| (s.name, s.step))
+            .collect()
+    }
+
+    fn start(n: &str, attempt: u32, remove: &[&str]) -> (String, Step) {
+        (
+            n.into(),
+            Step::Start {
+                attempt,
+                remove: remove.iter().map(|s| s.to_string()).collect(),
+            },
+        )
+    }
+
+    #[test]
+    fn new_pod_starts_inits_one_at_a_time_then_containers() {
+        let now = Instant::now();
+        let p = pod("Always", &[("i1", false), ("i2", false)], &["a", "b"]);
+        let b = Backoffs::default();
+        assert_eq!(steps(&p, &[], &b, 10 * S, now), [start("i1", 0, &[])]);
+        let i1 = ctr("i1", 0, ContainerState::Running, 0, 0);
+        assert_eq!(
+            steps(&p, &[i1], &b, 10 * S, now),
+            [("i1".into(), Step::Keep)]
+        );
+        let i1 = ctr("i1", 0, ContainerState::Exited, 0, 5 * S);
+        assert_eq!(
+            steps(&p, std::slice::from_ref(&i1), &b, 10 * S, now),
+            [("i1".into(), Step::Keep), start("i2", 0, &[])]
+        );
+        let i2 = ctr("i2", 0, ContainerState::Exited, 0, 6 * S);
+        assert_eq!(
+            steps(&p, &[i1, i2], &b, 10 * S, now),
+            [
+                ("i1".into(), Step::Keep),
+                ("i2".into(), Step::Keep),
+                start("a", 0, &[]),
+                start("b", 0, &[])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sidecar_lets_the_next_start_once_it_runs() {
+        let now = Instant::now();
+        let p = pod("Always", &[("side", true)], &["a"]);
+        let b = Backoffs::default();
+        let side = ctr("side", 0, ContainerState::Running, 0, 0);
+        assert_eq!(
+            steps(&p, &[side], &b, 10 * S, now),
+            [("side".into(), Step::Keep), start("a", 0, &[])]
+        );
+        // A sidecar that exited restarts even with restartPolicy Never.
+        let p = pod("Never", &[("side", true)], &["a"]);
+        let side = ctr("side", 0, ContainerState::Exited, 0, 5 * S);
+        assert_eq!(steps(&p, &[side], &b, 10 * S, now), [start("side", 1, &[])]);
+    }
+
+    #[test]
+    fn restart_policies_decide_what_exits_mean() {
+        let now = Instant::now();
+        let b = Backoffs::default();
+        let ok = ctr("a", 0, ContainerState::Exited, 0, 5 * S);
+        let bad = ctr("a", 0, ContainerState::Exited, 1, 5 * S);
+        let on_failure = pod("OnFailure", &[], &["a"]);
+        assert_eq!(
+            steps(&on_failure, std::slice::from_ref(&ok), &b, 10 * S, now),
+            [("a".into(), Step::Keep)]
+        );
+        assert_eq!(
+            steps(&on_failure, std::slice::from_ref(&bad), &b, 10 * S, now),
+            [start("a", 1, &[])]
+        );
+        let never = pod("Never", &[], &["a"]);
+        assert_eq!(
+            steps(&never, &[bad], &b, 10 * S, now),
+            [("a".into(), Step::Keep)]
+        );
+        let always = pod("Always", &[], &["a"]);
+        assert_eq!(steps(&always, &[ok], &b, 10 * S, now), [start("a", 1, &[])]);
+        // A failed init container with Never fails the pod: nothing starts.
+        let p = pod("Never", &[("i", false)], &["a"]);
+        let i = ctr("i", 0, ContainerState::Exited, 1, 5 * S);
+        assert_eq!(steps(&p, &[i], &b, 10 * S, now), [("i".into(), Step::Keep)]);
+    }
+
+    #[test]
+    fn crash_loop_waits_out_the_backoff_and_keeps_one_previous_attempt() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let mut b = Backoffs::default();
+        b.restart.insert(
+            "a".into(),
+            Backoff {
+                delay: Duration::from_secs(20),
+                since: now,
+            },
+        );
+        let old = ctr("a", 0, ContainerState::Exited, 1, 2 * S);
+        let last = ctr("a", 1, ContainerState::Exited, 1, 10 * S);
+        let cur = [old, last];
+        assert_eq!(
+            steps(&p, &cur, &b, 15 * S, now),
+            [(
+                "a".into(),
+                Step::CrashLoop {
+                    delay: Duration::from_secs(20),
+                    left: Duration::from_secs(15)
+                }
+            )]
+        );
+        assert_eq!(steps(&p, &cur, &b, 30 * S, now), [start("a", 2, &["a-0"])]);
+    }
+
+    #[test]
+    fn a_long_run_resets_the_backoff() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let mut b = Backoffs::default();
+        b.restart.insert(
+            "a".into(),
+            Backoff {
+                delay: BACKOFF_MAX,
+                since: now,
+            },
+        );
+        let mut c = ctr("a", 3, ContainerState::Exited, 1, 1000 * S);
+        c.started_at = 0;
+        let got = plan(&p, &[c], &b, 1001 * S, now);
+        assert!(got[0].reset_backoff);
+        assert_eq!(
+            got[0].step,
+            Step::Start {
+                attempt: 4,
+                remove: vec![]
+            }
+        );
+    }
+
+    #[test]
+    fn creation_failures_back_off() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let mut b = Backoffs::default();
+        b.failure.insert("a".into(), Backoff::after(None, now));
+        assert_eq!(
+            steps(&p, &[], &b, 0, now + Duration::from_secs(4)),
+            [(
+                "a".into(),
+                Step::RetryLater {
+                    left: Duration::from_secs(6)
+                }
+            )]
+        );
+        assert_eq!(
+            steps(&p, &[], &b, 0, now + BACKOFF_INITIAL),
+            [start("a", 0, &[])]
+        );
+        let next = Backoff::after(b.failure.get("a"), now);
+        assert_eq!(next.delay, Duration::from_secs(20));
+        let mut d = None;
+        for _ in 0..10 {
+            d = Some(Backoff::after(d.as_ref(), now));
+        }
+        assert_eq!(d.unwrap().delay, BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_created_container_is_started() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let c = ctr("a", 0, ContainerState::Created, 0, 0);
+        assert_eq!(
+            steps(&p, &[c], &Backoffs::default(), 0, now),
+            [("a".into(), Step::StartCreated("a-0".into()))]
+        );
+    }
+}

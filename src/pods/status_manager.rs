@@ -1,0 +1,326 @@
+//! The status manager: the single writer of pod statuses, as upstream's
+//! `status_manager`. Workers report what they computed; this keeps the
+//! newest status per pod UID, carries each condition's
+//! `lastTransitionTime` over while its status stays the same, writes the
+//! local record (`<root-dir>/pods/<uid>.json`, what `kinglet pods ls`
+//! reads), and, when connected, hands the status to the API writer
+//! ([`super::api_writer`]), which coalesces and retries.
+//!
+//! It also exposes a read-only [`StatusView`] of the pods and their
+//! statuses, for the kubelet API, eviction and the CLI.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use super::api_writer::ApiWriter;
+
+/// What `kinglet pods ls` reads: `<root-dir>/pods/<uid>.json`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PodRecord {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub source: String,
+    pub status: PodStatus,
+}
+
+/// One pod as the rest of kinglet may read it (the kubelet API and
+/// eviction are its readers to come; the lifecycle tests read it today).
+#[derive(Clone, Debug)]
+#[allow(dead_code)]
+pub struct PodEntry {
+    pub pod: Arc<Pod>,
+    pub status: Arc<PodStatus>,
+}
+
+/// A read-only view of the pods the node runs, by UID.
+#[derive(Clone, Debug, Default)]
+#[allow(dead_code)]
+pub struct StatusView(Arc<RwLock<BTreeMap<String, PodEntry>>>);
+
+#[allow(dead_code)]
+impl StatusView {
+    /// A copy of every entry (cheap: pods and statuses are shared).
+    pub fn pods(&self) -> Vec<(String, PodEntry)> {
+        let m = self.0.read().unwrap_or_else(|e| e.into_inner());
+        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// The entry of one pod.
+    pub fn get(&self, uid: &str) -> Option<PodEntry> {
+        let m = self.0.read().unwrap_or_else(|e| e.into_inner());
+        m.get(uid).cloned()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, PodEntry>> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Sets each condition's `lastTransitionTime`: the previous status's time
+/// where that condition kept its status, `now` where it changed or is new.
+pub fn carry_transitions(prev: Option<&PodStatus>, new: &mut PodStatus, now: &Time) {
+    for c in new.conditions.iter_mut().flatten() {
+        let before = prev
+            .and_then(|p| p.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|p| p.type_ == c.type_));
+        c.last_transition_time = match before {
+            Some(b) if b.status == c.status && b.last_transition_time.is_some() => {
+                b.last_transition_time.clone()
+            }
+            _ => Some(now.clone()),
+        };
+    }
+}
+
+/// Compares two statuses ignoring condition transition times.
+pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
+    let strip = |s: &PodStatus| {
+        let mut s = s.clone();
+        for c in s.conditions.iter_mut().flatten() {
+            c.last_transition_time = None;
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, data)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn record_path(dir: &Path, uid: &str) -> PathBuf {
+    dir.join(format!("{uid}.json"))
+}
+
+/// The previous run's record of a pod, if any (a restart adopts it).
+pub fn read_record(dir: &Path, uid: &str) -> Option<PodRecord> {
+    let b = std::fs::read(record_path(dir, uid)).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// The single writer of pod statuses. Owned by the pod manager's task.
+pub struct StatusManager {
+    dir: PathBuf,
+    latest: HashMap<String, PodStatus>,
+    view: StatusView,
+    api: Option<ApiWriter>,
+}
+
+impl StatusManager {
+    pub fn new(dir: PathBuf, api: Option<ApiWriter>) -> Self {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            warn!(dir = %dir.display(), error = %e, "cannot create the pod status dir");
+        }
+        StatusManager {
+            dir,
+            latest: HashMap::new(),
+            view: StatusView::default(),
+            api,
+        }
+    }
+
+    #[allow(dead_code)] // for the kubelet API and eviction; tests read it
+    pub fn view(&self) -> StatusView {
+        self.view.clone()
+    }
+
+    /// The newest status of a pod.
+    pub fn get(&self, uid: &str) -> Option<&PodStatus> {
+        self.latest.get(uid)
+    }
+
+    /// Takes a computed status; writes it only if it changed. A pod
+    /// adopted after a restart carries its recorded transition times on.
+    pub fn set(&mut self, uid: &str, pod: &Pod, mut status: PodStatus) {
+        if !self.latest.contains_key(uid)
+            && let Some(rec) = read_record(&self.dir, uid)
+        {
+            self.latest.insert(uid.to_string(), rec.status);
+        }
+        let prev = self.latest.get(uid);
+        if prev.is_some_and(|p| same(p, &status)) {
+            return;
+        }
+        // The API keeps whole seconds; so do the records a restart reads.
+        let now =
+            jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default();
+        carry_transitions(prev, &mut status, &Time(now));
+        self.write_record(uid, pod, &status);
+        self.view.write().insert(
+            uid.to_string(),
+            PodEntry {
+                pod: Arc::new(pod.clone()),
+                status: Arc::new(status.clone()),
+            },
+        );
+        if let Some(api) = &self.api {
+            api.status(pod, &status);
+        }
+        self.latest.insert(uid.to_string(), status);
+    }
+
+    /// An event about a pod (Normal or Warning).
+    pub fn event(&self, pod: &Pod, type_: &'static str, reason: &str, message: &str) {
+        if let Some(api) = &self.api {
+            api.event(pod, type_, reason, message);
+        }
+    }
+
+    /// The pod's worker finished: its record goes, and the API object is
+    /// deleted (an API pod being deleted) or its mirror removed (static).
+    pub fn terminated(&mut self, uid: &str, pod: &Pod) {
+        self.latest.remove(uid);
+        self.view.write().remove(uid);
+        let _ = std::fs::remove_file(record_path(&self.dir, uid));
+        if let Some(api) = &self.api {
+            api.finish(pod);
+        }
+    }
+
+    /// Drops what is known of a pod that never ran (no API call).
+    pub fn forget(&mut self, uid: &str) {
+        self.latest.remove(uid);
+        self.view.write().remove(uid);
+        let _ = std::fs::remove_file(record_path(&self.dir, uid));
+    }
+
+    /// Where the records live.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Drops the records of pods no source wants (after `SourcesReady`);
+    /// returns their UIDs.
+    pub fn remove_stale_records(&mut self, desired: &BTreeSet<String>) -> BTreeSet<String> {
+        let mut gone = BTreeSet::new();
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return gone;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(uid) = name.strip_suffix(".json")
+                && !name.starts_with("api-")
+                && !desired.contains(uid)
+            {
+                let _ = std::fs::remove_file(e.path());
+                self.latest.remove(uid);
+                self.view.write().remove(uid);
+                gone.insert(uid.to_string());
+            }
+        }
+        gone
+    }
+
+    fn write_record(&self, uid: &str, pod: &Pod, status: &PodStatus) {
+        let rec = PodRecord {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_string(),
+            source: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("kubernetes.io/config.source").cloned())
+                .unwrap_or_else(|| "api".into()),
+            status: status.clone(),
+        };
+        if let Ok(data) = serde_json::to_vec(&rec)
+            && let Err(e) = write_atomic(&record_path(&self.dir, uid), &data)
+        {
+            warn!(uid, error = %e, "cannot write the pod record");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodCondition;
+
+    fn status(ready: &str) -> PodStatus {
+        PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                PodCondition {
+                    type_: "Ready".into(),
+                    status: ready.into(),
+                    ..Default::default()
+                },
+                PodCondition {
+                    type_: "PodScheduled".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }
+    }
+
+    fn at(s: i64) -> Time {
+        Time(jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    fn times(s: &PodStatus) -> Vec<Option<Time>> {
+        s.conditions
+            .iter()
+            .flatten()
+            .map(|c| c.last_transition_time.clone())
+            .collect()
+    }
+
+    #[test]
+    fn conditions_keep_their_time_until_they_change() {
+        let mut first = status("False");
+        carry_transitions(None, &mut first, &at(100));
+        assert_eq!(times(&first), [Some(at(100)), Some(at(100))]);
+        let mut same_again = status("False");
+        carry_transitions(Some(&first), &mut same_again, &at(200));
+        assert_eq!(times(&same_again), [Some(at(100)), Some(at(100))]);
+        let mut ready = status("True");
+        carry_transitions(Some(&same_again), &mut ready, &at(300));
+        assert_eq!(times(&ready), [Some(at(300)), Some(at(100))]);
+    }
+
+    #[test]
+    fn records_are_written_once_per_change_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = StatusManager::new(dir.path().to_path_buf(), None);
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.uid = Some("u1".into());
+        m.set("u1", &pod, status("False"));
+        let t1 = m.get("u1").unwrap().conditions.clone();
+        m.set("u1", &pod, status("False"));
+        assert_eq!(m.get("u1").unwrap().conditions, t1);
+        assert!(read_record(dir.path(), "u1").is_some());
+        assert_eq!(m.view().pods().len(), 1);
+        m.terminated("u1", &pod);
+        assert!(read_record(dir.path(), "u1").is_none());
+        assert!(m.view().get("u1").is_none());
+    }
+
+    #[test]
+    fn an_adopted_pod_keeps_its_recorded_transition_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let mut m = StatusManager::new(dir.path().to_path_buf(), None);
+        m.set("u1", &pod, status("True"));
+        let before = times(m.get("u1").unwrap());
+        drop(m);
+        let mut again = StatusManager::new(dir.path().to_path_buf(), None);
+        let mut changed = status("True");
+        changed.phase = Some("Pending".into());
+        again.set("u1", &pod, changed);
+        assert_eq!(times(again.get("u1").unwrap()), before);
+    }
+}
