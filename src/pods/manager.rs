@@ -265,6 +265,9 @@ impl PodManager {
             Report::Removed { uid, pod } => {
                 info!(pod = %pod_name(&pod), uid = %uid, "pod removed");
                 self.status.terminated(&uid, &pod);
+                if let Some(dir) = super::convert::pod_log_dir(&pod, &self.node) {
+                    tokio::spawn(remove_log_dir_later(dir, shutdown.clone()));
+                }
                 let listed = self.sources.get(&uid).cloned();
                 if self.workers.removed(&uid, listed.is_some()) == AfterRemoval::Restart
                     && let Some(p) = listed
@@ -274,6 +277,18 @@ impl PodManager {
             }
         }
     }
+}
+
+/// Upstream's `ContainerGCPeriod`: a removed pod's logs stay readable this
+/// long, then its log dir goes, as upstream's container GC removes it.
+pub const LOG_DIR_GRACE: Duration = Duration::from_secs(60);
+
+async fn remove_log_dir_later(dir: std::path::PathBuf, shutdown: CancellationToken) {
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = tokio::time::sleep(LOG_DIR_GRACE) => {}
+    }
+    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
 }
 
 /// After a restart: containers and sandboxes of pods no source wants

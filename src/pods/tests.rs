@@ -163,7 +163,12 @@ async fn a_pod_runs_and_a_deleted_pod_is_removed_exactly_once() {
     assert_eq!(n.calls("run_pod_sandbox"), 1);
     assert_eq!(n.calls("create a"), 1);
     assert!(n.rt.containers().is_empty());
-    assert!(!log_dir.exists(), "the pod's log dir goes with it");
+    assert!(
+        log_dir.exists(),
+        "logs stay readable for a while, as upstream's"
+    );
+    tokio::time::sleep(super::manager::LOG_DIR_GRACE).await;
+    n.until(Duration::from_secs(2), |_| !log_dir.exists()).await;
     // Gone from the API at last, then (a new pod) with the same name.
     n.send(vec![]).await;
     n.send(vec![pod("u2", ONE)]).await;

@@ -14,7 +14,7 @@
 //!   are removed and the worker ends.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -274,21 +274,12 @@ impl Worker {
                 warn!(pod = %pod_name(pod), error = %e, "removing sandbox failed");
             }
         }
-        // emptyDir volumes and the pod's log dir go with the pod; off the
-        // async thread, as a large volume takes a while to delete.
-        let dirs: Vec<PathBuf> = [
-            convert::contained_child(Path::new(&self.node.volume_root), &self.uid),
-            convert::pod_log_dir(pod, &self.node),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        let _ = tokio::task::spawn_blocking(move || {
-            for d in dirs {
-                let _ = std::fs::remove_dir_all(d);
-            }
-        })
-        .await;
+        // emptyDir volumes go with the pod; off the async thread, as a large
+        // volume takes a while to delete. (The log dir goes a minute later,
+        // from the manager, as upstream's container GC removes it.)
+        if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(d)).await;
+        }
     }
 
     /// Checks `activeDeadlineSeconds`: past it, the worker asks to kill the
