@@ -325,6 +325,13 @@ fn pod_leftovers(n: &Node, uid: &str) -> Vec<String> {
 }
 
 async fn graceful_termination_and_nothing_left_behind(rt: Rt) {
+    // Each runtime's run of this test has its own stubborn process, so the
+    // check for leftovers never sees the other's (they run in parallel).
+    let stubborn = if rt == Rt::Oci {
+        "sleep 4242"
+    } else {
+        "sleep 4243"
+    };
     let n = Node::start(rt);
     n.k.import(common::pods::busybox_usr1_archive());
     n.apply(
@@ -337,7 +344,7 @@ async fn graceful_termination_and_nothing_left_behind(rt: Rt) {
     );
     n.apply(
         "stubborn",
-        &format!("  terminationGracePeriodSeconds: 2\n  volumes: [{{name: v, emptyDir: {{}}}}]\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'sleep 4242'], volumeMounts: [{{name: v, mountPath: /v}}]}}\n"),
+        &format!("  terminationGracePeriodSeconds: 2\n  volumes: [{{name: v, emptyDir: {{}}}}]\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, '{stubborn}'], volumeMounts: [{{name: v, mountPath: /v}}]}}\n"),
     );
     let g = n
         .wait("graceful", "Running", 20, |s| phase(s) == "Running")
@@ -396,7 +403,7 @@ async fn graceful_termination_and_nothing_left_behind(rt: Rt) {
         assert!(left.is_empty(), "left behind: {left:?}");
     }
     let left = Command::new("pgrep")
-        .args(["-f", "sleep 4242"])
+        .args(["-f", stubborn])
         .output()
         .unwrap()
         .stdout;
