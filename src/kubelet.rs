@@ -27,6 +27,13 @@ pub struct Kubelet {
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// Facts about the machine, read once at start: capacity and addresses
+/// (which may take a name lookup) serve both the pods and the Node.
+struct Host {
+    machine: node::host::MachineInfo,
+    addresses: Vec<(String, String)>,
+}
+
 /// The runtime chosen at start, and kinglet's image store when it serves
 /// the in-process runtime (a CRI runtime keeps its own images).
 struct Started {
@@ -52,15 +59,19 @@ impl Kubelet {
         };
         let started = k.start_runtime(&s).await?;
         let client = api_client(&s).await?;
+        let host = Host {
+            machine: node::host::HostPaths::default().machine_info(),
+            addresses: node::host::node_addresses(s.node_ip, &s.node_name),
+        };
         let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
-        k.start_pods(&s, &started, client.clone(), relist.clone())?;
+        k.start_pods(&s, &host, &started, client.clone(), relist.clone())?;
         k.start_images(&s, &started);
         let update = s.config.node_status_update_frequency.0;
         let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
         k.start_healthz(&s, vec![("syncloop", syncloop.clone()), ("PLEG", relist)])
             .await?;
         match client {
-            Some(client) => k.start_node(&s, client, started.runtime, syncloop)?,
+            Some(client) => k.start_node(&s, host, client, started.runtime, syncloop)?,
             None => k.beat_standalone(started.runtime, syncloop, update),
         }
         Ok(k)
@@ -123,6 +134,7 @@ impl Kubelet {
     fn start_pods(
         &mut self,
         s: &Settings,
+        host: &Host,
         started: &Started,
         client: Option<kube::Client>,
         relist: health::Heartbeat,
@@ -144,12 +156,12 @@ impl Kubelet {
         if !cfg.static_pod_path.is_empty() {
             sources.push("file");
         }
-        let machine = node::host::HostPaths::default().machine_info();
-        let node_ctx = node_context(s, &started.id_scheme, &machine, client.clone());
+        let machine = &host.machine;
+        let node_ctx = node_context(s, host, &started.id_scheme, client.clone());
         let status = pods::StatusManager::new(status_dir.clone(), writer);
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
         let (cpu, memory) =
-            node::status::allocatable_cpu_memory(&machine, &reserved, &cfg.eviction_thresholds()?);
+            node::status::allocatable_cpu_memory(machine, &reserved, &cfg.eviction_thresholds()?);
         let allocatable = pods::admit::Allocatable {
             cpu_milli: u128::from(cpu),
             memory: u128::from(memory),
@@ -234,13 +246,13 @@ impl Kubelet {
     fn start_node(
         &mut self,
         s: &Settings,
+        facts: Host,
         client: kube::Client,
         runtime: Arc<dyn Runtime>,
         heartbeat: health::Heartbeat,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         let host = node::host::HostPaths::default();
-        let machine = host.machine_info();
         let agent = node::NodeAgent {
             client,
             template: node::NodeTemplate::from_settings(s),
@@ -248,14 +260,14 @@ impl Kubelet {
             host,
             root_dir: s.root_dir.clone(),
             status: node::status::StatusConfig {
-                machine,
+                machine: facts.machine,
                 max_pods: cfg.max_pods,
                 kubelet_version: format!(
                     "{KUBERNETES_VERSION}+kinglet-{}",
                     env!("CARGO_PKG_VERSION")
                 ),
                 kubelet_port: cfg.port,
-                addresses: node::host::node_addresses(s.node_ip, &s.node_name),
+                addresses: facts.addresses,
                 thresholds: cfg.eviction_thresholds()?,
                 reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
                 pressure_transition: cfg.eviction_pressure_transition_period.0,
@@ -338,13 +350,13 @@ async fn api_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
 /// What pod specs are turned into runtime configs with.
 fn node_context(
     s: &Settings,
+    host: &Host,
     id_scheme: &str,
-    machine: &node::host::MachineInfo,
     client: Option<kube::Client>,
 ) -> pods::convert::NodeContext {
     let cfg = &s.config;
-    let addresses = node::host::node_addresses(s.node_ip, &s.node_name);
-    let node_ip = addresses
+    let node_ip = host
+        .addresses
         .iter()
         .find(|(t, _)| t == "InternalIP")
         .map(|(_, a)| a.clone())
@@ -359,7 +371,7 @@ fn node_context(
     pods::convert::NodeContext {
         node_name: s.node_name.clone(),
         node_ip,
-        memory_capacity: machine.memory_bytes,
+        memory_capacity: host.machine.memory_bytes,
         cluster_dns: cfg.cluster_dns.clone(),
         cluster_domain: cfg.cluster_domain.clone(),
         pod_pids_limit: cfg.pod_pids_limit,

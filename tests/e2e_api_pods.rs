@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::pods::running;
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -54,13 +55,6 @@ fn join(rt: Rt, prefix: &str) -> Joined {
         _dir: dir,
         manifests,
     }
-}
-
-fn running(p: &Pod) -> bool {
-    p.status.as_ref().is_some_and(|s| {
-        s.phase.as_deref() == Some("Running")
-            && s.container_statuses.iter().flatten().all(|c| c.ready)
-    })
 }
 
 async fn a_deployment_runs_and_static_pods_are_mirrored(rt: Rt) {

@@ -11,6 +11,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::pods::running;
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -56,13 +57,6 @@ async fn scale(d: &Api<Deployment>, name: &str, n: usize) {
     d.patch(name, &PatchParams::default(), &Patch::Merge(&p))
         .await
         .unwrap();
-}
-
-fn running(p: &Pod) -> bool {
-    p.status.as_ref().is_some_and(|s| {
-        s.phase.as_deref() == Some("Running")
-            && s.container_statuses.iter().flatten().all(|c| c.ready)
-    })
 }
 
 async fn wait_pods(pods: &Api<Pod>, lp: &ListParams, what: &str, f: impl Fn(&[Pod]) -> bool) {

@@ -241,14 +241,14 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: u64) -> i32 {
     }
 }
 
+/// `<namespace>_<name>_<uid>`, the pod's dir under the log root.
+fn log_dir_name(pod: &Pod) -> String {
+    let (ns, name) = namespace_and_name(pod);
+    format!("{ns}_{name}_{}", pod_uid(pod))
+}
+
 pub fn log_directory(pod: &Pod, root: &str) -> String {
-    format!(
-        "{}/{}_{}_{}",
-        root.trim_end_matches('/'),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata.name.as_deref().unwrap_or(""),
-        pod_uid(pod)
-    )
+    format!("{}/{}", root.trim_end_matches('/'), log_dir_name(pod))
 }
 
 /// `namespace/name`, for logs and messages.
@@ -270,9 +270,7 @@ pub fn contained_child(base: &std::path::Path, name: &str) -> Option<std::path::
 /// The pod's log dir (`<log root>/<ns>_<name>_<uid>`), if its name makes
 /// one plain directory under the log root.
 pub fn pod_log_dir(pod: &Pod, node: &NodeContext) -> Option<std::path::PathBuf> {
-    let (ns, name) = namespace_and_name(pod);
-    let dir = format!("{ns}_{name}_{}", pod_uid(pod));
-    contained_child(std::path::Path::new(&node.log_root), &dir)
+    contained_child(std::path::Path::new(&node.log_root), &log_dir_name(pod))
 }
 
 /// The pod's namespace (`default` if unset) and name.

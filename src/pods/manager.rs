@@ -6,7 +6,6 @@
 //! source has reported, what belongs to pods that are gone is removed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ use super::pleg::Pleg;
 use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
 use super::report::{Report, Reporter};
 use super::sources::{SourceUpdate, Sources};
-use super::status_manager::{self, StatusManager};
+use super::status_manager::StatusManager;
 use super::worker::{KillRequest, Worker};
 
 /// How others ask for a pod to be stopped: eviction hands this a pod UID
@@ -218,6 +217,7 @@ impl PodManager {
                 warn!(pod = %pod_name(pod), reason = %r.reason, "{}", r.message);
                 self.rejected.insert(uid.to_string(), false);
                 self.status.event(pod, "Warning", &r.reason, &r.message);
+                self.status.adopt(uid);
                 self.status.set(uid, pod, admit::rejected_status(&r));
                 return;
             }
@@ -240,16 +240,10 @@ impl PodManager {
             rep,
         );
         // A pod adopted after a restart keeps its start time.
-        if let Some(t) =
-            status_manager::read_record(self.status_dir(), uid).and_then(|r| r.status.start_time)
-        {
+        if let Some(t) = self.status.adopt(uid) {
             w.set_start_time(t);
         }
         tokio::spawn(w.run(rx, wake, shutdown.clone()));
-    }
-
-    fn status_dir(&self) -> &Path {
-        self.status.dir()
     }
 
     fn on_report(&mut self, r: Report, shutdown: &CancellationToken) {

@@ -110,7 +110,8 @@ pub fn read_record(dir: &Path, uid: &str) -> Option<PodRecord> {
 /// The single writer of pod statuses. Owned by the pod manager's task.
 pub struct StatusManager {
     dir: PathBuf,
-    latest: HashMap<String, PodStatus>,
+    /// Shared with the view: one copy per status.
+    latest: HashMap<String, Arc<PodStatus>>,
     view: StatusView,
     api: Option<ApiWriter>,
 }
@@ -135,18 +136,22 @@ impl StatusManager {
 
     /// The newest status of a pod.
     pub fn get(&self, uid: &str) -> Option<&PodStatus> {
-        self.latest.get(uid)
+        self.latest.get(uid).map(|s| &**s)
     }
 
-    /// Takes a computed status; writes it only if it changed. A pod
-    /// adopted after a restart carries its recorded transition times on.
+    /// A pod whose worker starts: the previous run's record, if any, is
+    /// taken as its newest status (so transition times carry on) and its
+    /// start time returned.
+    pub fn adopt(&mut self, uid: &str) -> Option<Time> {
+        let rec = read_record(&self.dir, uid)?;
+        let start = rec.status.start_time.clone();
+        self.latest.insert(uid.to_string(), Arc::new(rec.status));
+        start
+    }
+
+    /// Takes a computed status; writes it only if it changed.
     pub fn set(&mut self, uid: &str, pod: &Pod, mut status: PodStatus) {
-        if !self.latest.contains_key(uid)
-            && let Some(rec) = read_record(&self.dir, uid)
-        {
-            self.latest.insert(uid.to_string(), rec.status);
-        }
-        let prev = self.latest.get(uid);
+        let prev = self.latest.get(uid).map(|s| &**s);
         if prev.is_some_and(|p| same(p, &status)) {
             return;
         }
@@ -155,11 +160,12 @@ impl StatusManager {
             jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).unwrap_or_default();
         carry_transitions(prev, &mut status, &Time(now));
         self.write_record(uid, pod, &status);
+        let status = Arc::new(status);
         self.view.write().insert(
             uid.to_string(),
             PodEntry {
                 pod: Arc::new(pod.clone()),
-                status: Arc::new(status.clone()),
+                status: status.clone(),
             },
         );
         if let Some(api) = &self.api {
@@ -178,9 +184,7 @@ impl StatusManager {
     /// The pod's worker finished: its record goes, and the API object is
     /// deleted (an API pod being deleted) or its mirror removed (static).
     pub fn terminated(&mut self, uid: &str, pod: &Pod) {
-        self.latest.remove(uid);
-        self.view.write().remove(uid);
-        let _ = std::fs::remove_file(record_path(&self.dir, uid));
+        self.forget(uid);
         if let Some(api) = &self.api {
             api.finish(pod);
         }
@@ -191,11 +195,6 @@ impl StatusManager {
         self.latest.remove(uid);
         self.view.write().remove(uid);
         let _ = std::fs::remove_file(record_path(&self.dir, uid));
-    }
-
-    /// Where the records live.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Drops the records of pods no source wants (after `SourcesReady`);
@@ -211,9 +210,7 @@ impl StatusManager {
                 && !name.starts_with("api-")
                 && !desired.contains(uid)
             {
-                let _ = std::fs::remove_file(e.path());
-                self.latest.remove(uid);
-                self.view.write().remove(uid);
+                self.forget(uid);
                 gone.insert(uid.to_string());
             }
         }
@@ -318,6 +315,7 @@ mod tests {
         let before = times(m.get("u1").unwrap());
         drop(m);
         let mut again = StatusManager::new(dir.path().to_path_buf(), None);
+        again.adopt("u1");
         let mut changed = status("True");
         changed.phase = Some("Pending".into());
         again.set("u1", &pod, changed);

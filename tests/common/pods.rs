@@ -7,6 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+/// An API pod that is Running with every container ready.
+pub fn running(p: &k8s_openapi::api::core::v1::Pod) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Running")
+            && s.container_statuses.iter().flatten().all(|c| c.ready)
+    })
+}
+
 /// The busybox image archive (`kinglet.test/busybox:1`), built once per
 /// test binary.
 pub fn busybox_archive() -> &'static Path {
