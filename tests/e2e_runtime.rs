@@ -120,6 +120,8 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         .await
         .unwrap();
     let tag = std::process::id();
+    // Subscribed before anything runs: every change arrives as an event.
+    let mut events = c.watch().await.unwrap();
 
     // Output and exit code.
     let id = format!("out-{tag}");
@@ -137,6 +139,17 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         (Some(7), None, false)
     );
     assert!(r.finished_at >= r.started_at);
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("exited") {
+        let ev = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("an event within 20 s")
+            .unwrap()
+            .expect("the event stream stays open");
+        assert_eq!(ev.id, id, "only this container changed so far");
+        seen.push(ev.status);
+    }
+    assert_eq!(seen, ["created", "running", "exited"]);
     common::wait_for("logs", Duration::from_secs(5), || async {
         (log_lines(dir.path(), &id).len() == 2).then_some(())
     })
@@ -202,6 +215,28 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         c.call(&Request::Delete { id: id.clone() }).await.unwrap();
         assert!(!cgroup_exists(id), "cgroup of {id} leaked");
     }
+    // A container that is gone is told apart from a failure.
+    assert!(matches!(
+        c.record(&Request::State { id: id.clone() }).await,
+        Err(kinglet_runtime_oci::monitor::MonitorError::NotFound(_))
+    ));
+    // The stream saw the rest: the sleeper's and the hog's lives, and the
+    // three deletions, in order.
+    let mut rest = Vec::new();
+    while rest.len() < 9 {
+        let ev = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("an event within 20 s")
+            .unwrap()
+            .expect("the event stream stays open");
+        rest.push((ev.id, ev.status));
+    }
+    let deleted: Vec<&String> = rest
+        .iter()
+        .filter(|(_, s)| s == "deleted")
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(deleted, [&id, &sl, &oom], "{rest:?}");
     assert!(c.list().await.unwrap().is_empty());
     for b in [
         "/sys/fs/cgroup",

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::admit;
 use super::convert::{NodeContext, pod_name};
-use super::pleg::Pleg;
+use super::pleg::{self, Pleg};
 use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
 use super::report::{Report, Reporter};
 use super::sources::{SourceUpdate, Sources};
@@ -108,9 +108,13 @@ impl PodManager {
         // Know what already runs before the first snapshot is admitted, so
         // a restart never rejects a running pod.
         self.relist().await;
-        let mut relist = tokio::time::interval(Duration::from_secs(1));
-        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let changes = self.runtime.changes();
+        let period = match changes {
+            Some(_) => pleg::RELIST_PERIOD_WITH_EVENTS,
+            None => pleg::RELIST_PERIOD,
+        };
+        let mut relist = tokio::time::interval(period);
+        relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.pleg.cache();
         loop {
             tokio::select! {

@@ -8,8 +8,10 @@
 //! a relist at once instead of waiting for the next tick (upstream's
 //! `GetNewerThan`, without its one-second wait). Relists are numbered as
 //! they start, so "newer" holds even when a relist was under way while the
-//! worker acted. Runtimes that stream container events wake the
-//! relist too; the periodic relist stays as the safety net. The manager
+//! worker acted. Runtimes that stream container events (the in-process
+//! runtime) wake the relist at each exit; for them the periodic relist is a
+//! safety net run every [`RELIST_PERIOD_WITH_EVENTS`] (upstream's evented
+//! PLEG keeps one too), for the others it runs every [`RELIST_PERIOD`]. The manager
 //! beats a heartbeat after each successful relist; it is stale after
 //! upstream's `relistThreshold` (3 minutes) and fails `/healthz`.
 
@@ -20,6 +22,14 @@ use std::time::Duration;
 
 use kinglet_runtime::{ContainerStatus, Runtime, RuntimeError};
 use tokio::sync::{Notify, watch};
+
+/// Upstream's generic PLEG `relistPeriod`.
+pub const RELIST_PERIOD: Duration = Duration::from_secs(1);
+
+/// The safety-net relist when the runtime streams events. Shorter than
+/// upstream's evented PLEG (300 s): an event lost to a monitor restart is
+/// noticed within seconds.
+pub const RELIST_PERIOD_WITH_EVENTS: Duration = Duration::from_secs(10);
 
 /// Upstream's `relistThreshold`: a relist older than this is unhealthy.
 pub const RELIST_THRESHOLD: Duration = Duration::from_secs(180);

@@ -13,7 +13,9 @@
 //! Networking: every pod shares the host network namespace until CNI
 //! support lands.
 
+mod bundle;
 pub mod container;
+mod events;
 pub mod images;
 pub mod monitor;
 pub mod network;
@@ -128,6 +130,17 @@ pub struct OciRuntime {
     exe: std::sync::OnceLock<PathBuf>,
     /// containerLogMaxSize (bytes) and containerLogMaxFiles.
     log_rotation: (u64, u32),
+    /// Container events from the monitor.
+    events: events::Events,
+}
+
+/// Runs blocking filesystem work on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, RuntimeError> + Send + 'static,
+) -> Result<T, RuntimeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| rt_err("blocking task", e))?
 }
 
 impl OciRuntime {
@@ -181,6 +194,7 @@ impl OciRuntime {
             cni: None,
             exe: std::sync::OnceLock::new(),
             log_rotation: (10 << 20, 5),
+            events: events::Events::new(),
         }
     }
 
@@ -206,7 +220,9 @@ impl OciRuntime {
         self.monitor
             .ensure_running(exe, &self.dir.join("monitor"))
             .await
-            .map_err(|e| RuntimeError::Unavailable(e.to_string()))
+            .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+        self.events.follow(self.monitor.clone());
+        Ok(())
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -275,195 +291,88 @@ impl OciRuntime {
         }
     }
 
-    /// The root filesystem: an overlay of the image's layers, or a copy.
-    fn prepare_rootfs(
-        &self,
-        dir: &Path,
-        image: &images::ImageRecord,
-    ) -> Result<bool, RuntimeError> {
-        let rootfs = dir.join("rootfs");
-        std::fs::create_dir_all(&rootfs).map_err(|e| rt_err("rootfs", e))?;
-        if self.store.uses_overlay() {
-            let upper = dir.join("upper");
-            let work = dir.join("work");
-            std::fs::create_dir_all(&upper).map_err(|e| rt_err("upper", e))?;
-            std::fs::create_dir_all(&work).map_err(|e| rt_err("work", e))?;
-            let mut lowers: Vec<String> = self
-                .store
-                .layer_dirs(image)
-                .map_err(|e| rt_err("layers", e))?
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect();
-            lowers.reverse();
-            if lowers.is_empty() {
-                return Ok(false);
-            }
-            let data = format!(
-                "lowerdir={},upperdir={},workdir={}",
-                lowers.join(":"),
-                upper.display(),
-                work.display()
-            );
-            let data = std::ffi::CString::new(data).map_err(|e| rt_err("overlay options", e))?;
-            rustix::mount::mount(
-                "overlay",
-                &rootfs,
-                "overlay",
-                rustix::mount::MountFlags::empty(),
-                Some(data.as_c_str()),
-            )
-            .map_err(|e| rt_err("overlay mount", e))?;
-            Ok(true)
-        } else {
-            self.store
-                .flatten(image, &rootfs)
-                .map_err(|e| rt_err("rootfs copy", e))?;
-            Ok(false)
-        }
-    }
-
-    fn teardown_container_dir(&self, id: &str) {
+    /// Removes a container's directory (and unmounts its rootfs) off the
+    /// async thread.
+    async fn teardown_container_dir(&self, id: &str) {
         let dir = self.container_dir(id);
-        let rootfs = dir.join("rootfs");
-        let _ = rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::DETACH);
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = blocking(move || {
+            bundle::teardown(&dir);
+            Ok(())
+        })
+        .await;
     }
 
+    /// CRI `StopContainer`: the stop signal, then SIGKILL after `timeout`.
+    /// Waits for the monitor's exit event (with a 1 s re-check, in case the
+    /// event stream is down) rather than polling.
     async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
         let signal = read_json::<ContainerMeta>(&self.container_dir(id).join("meta.json"))
             .map(|m| m.stop_signal)
             .filter(|s| *s > 0)
             .unwrap_or(libc::SIGTERM);
-        let state = |id: &str| {
-            let id = id.to_string();
-            async move { self.monitor.record(&Request::State { id }).await }
-        };
-        match state(id).await {
-            Ok(r) if r.status == "exited" => return Ok(()),
-            Ok(_) => {}
-            Err(_) => return Ok(()),
+        let mut events = self.events.subscribe();
+        match self.exited(id).await {
+            Ok(true) | Err(_) => return Ok(()),
+            Ok(false) => {}
         }
-        let deadline = tokio::time::Instant::now() + timeout;
         if !timeout.is_zero() {
-            let _ = self
-                .monitor
-                .call(&Request::Kill {
-                    id: id.into(),
-                    signal,
-                })
-                .await;
-            while tokio::time::Instant::now() < deadline {
-                if state(id).await.is_ok_and(|r| r.status == "exited") {
-                    return Ok(());
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        let _ = self
-            .monitor
-            .call(&Request::Kill {
-                id: id.into(),
-                signal: libc::SIGKILL,
-            })
-            .await;
-        for _ in 0..50 {
-            if state(id).await.is_ok_and(|r| r.status == "exited") {
+            self.kill(id, signal).await;
+            if self.wait_exit(id, &mut events, timeout).await {
                 return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.kill(id, libc::SIGKILL).await;
+        if self
+            .wait_exit(id, &mut events, Duration::from_secs(5))
+            .await
+        {
+            return Ok(());
         }
         Err(RuntimeError::Other(format!(
             "container {id} did not stop after SIGKILL"
         )))
     }
-}
 
-/// The parts of an image config a container starts from.
-#[derive(Debug, Default)]
-struct ImageDefaults {
-    entrypoint: Vec<String>,
-    cmd: Vec<String>,
-    env: Vec<String>,
-    working_dir: String,
-    user: String,
-    stop_signal: String,
-}
-
-impl OciRuntime {
-    fn image_config(&self, image: &images::ImageRecord) -> ImageDefaults {
-        let Ok(raw) = self.store.read_blob(&image.id) else {
-            return ImageDefaults::default();
+    async fn kill(&self, id: &str, signal: i32) {
+        let req = Request::Kill {
+            id: id.into(),
+            signal,
         };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&raw) else {
-            return ImageDefaults::default();
-        };
-        let c = &v["config"];
-        let strings = |x: &serde_json::Value| -> Vec<String> {
-            x.as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        ImageDefaults {
-            entrypoint: strings(&c["Entrypoint"]),
-            cmd: strings(&c["Cmd"]),
-            env: strings(&c["Env"]),
-            working_dir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
-            user: c["User"].as_str().unwrap_or("").to_string(),
-            stop_signal: c["StopSignal"].as_str().unwrap_or("").to_string(),
+        if let Err(e) = self.monitor.call(&req).await {
+            tracing::debug!(container = id, signal, error = %e, "signalling a container");
         }
     }
-}
 
-/// The process to run, as the kubelet and containerd merge them: a pod
-/// `command` replaces the Entrypoint (and drops the Cmd), pod `args`
-/// replace the Cmd.
-fn merge_args(image: &ImageDefaults, command: &[String], args: &[String]) -> Vec<String> {
-    let mut out = if command.is_empty() {
-        image.entrypoint.clone()
-    } else {
-        command.to_vec()
-    };
-    if !args.is_empty() {
-        out.extend_from_slice(args);
-    } else if command.is_empty() {
-        out.extend(image.cmd.iter().cloned());
+    /// Whether the monitor records the container as exited.
+    async fn exited(&self, id: &str) -> Result<bool, monitor::MonitorError> {
+        let r = self
+            .monitor
+            .record(&Request::State { id: id.into() })
+            .await?;
+        Ok(r.status == "exited")
     }
-    out
-}
 
-/// The image's `User` (`uid[:gid]` or names from the rootfs's passwd and
-/// group files) as numbers; root when unset or unknown.
-fn resolve_user(user: &str, rootfs: &Path) -> (u32, u32) {
-    if user.is_empty() {
-        return (0, 0);
+    /// Waits up to `limit` for the container to exit.
+    async fn wait_exit(
+        &self,
+        id: &str,
+        events: &mut tokio::sync::watch::Receiver<u64>,
+        limit: Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match self.exited(id).await {
+                Ok(true) | Err(monitor::MonitorError::NotFound(_)) => return true,
+                Ok(false) | Err(_) => {}
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let recheck = (deadline - now).min(Duration::from_secs(1));
+            let _ = tokio::time::timeout(recheck, events.changed()).await;
+        }
     }
-    let (u, g) = user
-        .split_once(':')
-        .map_or((user, None), |(u, g)| (u, Some(g)));
-    let lookup = |file: &str, name: &str| -> Option<(u32, u32)> {
-        let text = std::fs::read_to_string(rootfs.join(file)).ok()?;
-        text.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.first() == Some(&name) && f.len() > 3)
-                .then(|| (f[2].parse().unwrap_or(0), f[3].parse().unwrap_or(0)))
-        })
-    };
-    let (uid, pgid) = match u.parse::<u32>() {
-        Ok(n) => (n, lookup("etc/passwd", u).map_or(n, |x| x.1)),
-        Err(_) => lookup("etc/passwd", u).unwrap_or((0, 0)),
-    };
-    let gid = match g {
-        Some(g) => g
-            .parse()
-            .unwrap_or_else(|_| lookup("etc/group", g).map_or(0, |x| x.0)),
-        None => pgid,
-    };
-    (uid, gid)
 }
 
 /// CPU time and working set of the cgroup at `path` (relative to the
@@ -507,30 +416,6 @@ fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
         pod_uid,
         cpu_usage_core_nanos: cpu,
         memory_working_set_bytes: usage.saturating_sub(inactive),
-    }
-}
-
-/// A STOPSIGNAL as images write it (`SIGQUIT`, `QUIT`, `3`); 0 when
-/// absent or unknown, meaning SIGTERM.
-fn parse_signal(s: &str) -> i32 {
-    let s = s.trim();
-    if let Ok(n) = s.parse::<i32>() {
-        return if (1..=64).contains(&n) { n } else { 0 };
-    }
-    let name = s.to_ascii_uppercase();
-    let name = name.strip_prefix("SIG").unwrap_or(&name);
-    match name {
-        "HUP" => libc::SIGHUP,
-        "INT" => libc::SIGINT,
-        "QUIT" => libc::SIGQUIT,
-        "KILL" => libc::SIGKILL,
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        "TERM" => libc::SIGTERM,
-        "WINCH" => libc::SIGWINCH,
-        "PWR" => libc::SIGPWR,
-        "STOP" => libc::SIGSTOP,
-        _ => 0,
     }
 }
 
@@ -698,11 +583,12 @@ impl Runtime for OciRuntime {
                 }
                 self.remove_pod_cgroup(&meta.cgroup_parent);
             }
-            match std::fs::remove_dir_all(&dir) {
+            blocking(move || match std::fs::remove_dir_all(&dir) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(rt_err("remove sandbox", e)),
-            }
+            })
+            .await
         })
     }
 
@@ -742,127 +628,30 @@ impl Runtime for OciRuntime {
             })?;
             let id = new_id();
             let dir = self.container_dir(&id);
-            std::fs::create_dir_all(&dir).map_err(|e| rt_err("container dir", e))?;
-            let smeta = read_json::<SandboxMeta>(&self.sandbox_dir(sandbox_id).join("meta.json"));
-            let netns = smeta.as_ref().and_then(|m| m.netns.clone());
-            let created = (|| {
-                let overlay = self.prepare_rootfs(&dir, &image)?;
-                let sdir = self.sandbox_dir(sandbox_id);
-                let mut mounts = vec![
-                    spec::BindMount {
-                        source: sdir.join("hosts"),
-                        destination: "/etc/hosts".into(),
-                        readonly: false,
-                    },
-                    spec::BindMount {
-                        source: sdir.join("resolv.conf"),
-                        destination: "/etc/resolv.conf".into(),
-                        readonly: false,
-                    },
-                    spec::BindMount {
-                        source: sdir.join("hostname"),
-                        destination: "/etc/hostname".into(),
-                        readonly: false,
-                    },
-                ];
-                if !cfg.termination_message_path.is_empty() {
-                    let tl = dir.join("termination-log");
-                    std::fs::write(&tl, b"").map_err(|e| rt_err("termination log", e))?;
-                    mounts.push(spec::BindMount {
-                        source: tl,
-                        destination: cfg.termination_message_path.clone(),
-                        readonly: false,
-                    });
-                }
-                for m in &cfg.mounts {
-                    mounts.push(spec::BindMount {
-                        source: m.host_path.clone().into(),
-                        destination: m.container_path.clone(),
-                        readonly: m.readonly,
-                    });
-                }
-                let ic = self.image_config(&image);
-                let (uid, gid) = match (cfg.uid, cfg.gid) {
-                    (Some(u), g) => (u, g.unwrap_or(0)),
-                    (None, g) => {
-                        let (u, ig) = resolve_user(&ic.user, &dir.join("rootfs"));
-                        (u, g.unwrap_or(ig))
-                    }
-                };
-                let args = merge_args(&ic, &cfg.command, &cfg.args);
-                if args.is_empty() {
-                    return Err(RuntimeError::Other(
-                        "no command specified: the image has neither Entrypoint nor Cmd".into(),
-                    ));
-                }
-                let mut env: Vec<(String, String)> = ic
-                    .env
-                    .iter()
-                    .filter_map(|e| {
-                        e.split_once('=')
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                    })
-                    .collect();
-                for (k, v) in &cfg.env {
-                    env.retain(|(ek, _)| ek != k);
-                    env.push((k.clone(), v.clone()));
-                }
-                if !env.iter().any(|(k, _)| k == "PATH") {
-                    env.insert(
-                        0,
-                        (
-                            "PATH".into(),
-                            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-                        ),
-                    );
-                }
-                let cwd = if cfg.working_dir.is_empty() {
-                    ic.working_dir.clone()
-                } else {
-                    cfg.working_dir.clone()
-                };
-                let oci = spec::ContainerConfig {
-                    args,
-                    env: env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-                    cwd,
-                    uid,
-                    gid,
-                    additional_gids: cfg.supplemental_groups.clone(),
-                    hostname: sandbox.hostname.clone(),
-                    rootfs: dir.join("rootfs"),
-                    readonly_rootfs: cfg.readonly_rootfs,
-                    cgroups_path: format!("{}/{}", sandbox.cgroup_parent.trim_end_matches('/'), id),
-                    memory_limit: cfg.memory_limit,
-                    cpu_shares: cfg.cpu_shares,
-                    cpu_quota: cfg.cpu_quota,
-                    cpu_period: cfg.cpu_quota.map(|_| 100_000),
-                    pids_limit: cfg.pids_limit,
-                    oom_score_adj: cfg.oom_score_adj,
-                    privileged: cfg.privileged,
-                    no_new_privileges: cfg.no_new_privileges,
-                    capabilities_add: cfg.capabilities_add.clone(),
-                    capabilities_drop: cfg.capabilities_drop.clone(),
-                    host_network: netns.is_none(),
-                    join_network: netns.clone(),
-                    host_pid: sandbox.host_pid,
-                    host_ipc: sandbox.host_ipc,
-                    host_uts: sandbox.host_network,
-                    join_ipc: smeta.as_ref().and_then(|m| m.ipc.clone()),
-                    join_uts: smeta.as_ref().and_then(|m| m.uts.clone()),
-                    mounts,
-                    sysctls: cfg.sysctls.clone(),
-                };
-                std::fs::write(
-                    dir.join("config.json"),
-                    serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?,
-                )
-                .map_err(|e| rt_err("config.json", e))?;
-                Ok::<(bool, i32), RuntimeError>((overlay, parse_signal(&ic.stop_signal)))
-            })();
-            let (overlay, stop_signal) = match created {
-                Ok(o) => o,
+            let input = bundle::BundleInput {
+                store: self.store.clone(),
+                id: id.clone(),
+                dir: dir.clone(),
+                sandbox_dir: self.sandbox_dir(sandbox_id),
+                sandbox_meta: read_json::<SandboxMeta>(
+                    &self.sandbox_dir(sandbox_id).join("meta.json"),
+                ),
+                image: image.clone(),
+                cfg: cfg.clone(),
+                sandbox: sandbox.clone(),
+            };
+            let made = blocking(move || {
+                std::fs::create_dir_all(&input.dir).map_err(|e| rt_err("container dir", e))?;
+                bundle::make(&input)
+            })
+            .await;
+            let bundle::Made {
+                overlay,
+                stop_signal,
+            } = match made {
+                Ok(m) => m,
                 Err(e) => {
-                    self.teardown_container_dir(&id);
+                    self.teardown_container_dir(&id).await;
                     return Err(e);
                 }
             };
@@ -894,7 +683,7 @@ impl Runtime for OciRuntime {
                 log_max_files: self.log_rotation.1,
             };
             if let Err(e) = self.monitor.record(&req).await {
-                self.teardown_container_dir(&id);
+                self.teardown_container_dir(&id).await;
                 return Err(RuntimeError::Other(e.to_string()));
             }
             let _ = self.store.touch(&image.id);
@@ -923,11 +712,10 @@ impl Runtime for OciRuntime {
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
             match self.monitor.call(&Request::Delete { id: id.into() }).await {
-                Ok(_) => {}
-                Err(e) if e.to_string().contains("not found") => {}
+                Ok(_) | Err(monitor::MonitorError::NotFound(_)) => {}
                 Err(e) => return Err(RuntimeError::Other(e.to_string())),
             }
-            self.teardown_container_dir(id);
+            self.teardown_container_dir(id).await;
             Ok(())
         })
     }
@@ -964,9 +752,15 @@ impl Runtime for OciRuntime {
                     ContainerState::Exited => "Error",
                     _ => "",
                 };
-                let message = std::fs::read(self.container_dir(&r.id).join("termination-log"))
-                    .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
-                    .unwrap_or_default();
+                // Only an exited container has a message to report.
+                let message = match state {
+                    ContainerState::Exited => {
+                        std::fs::read(self.container_dir(&r.id).join("termination-log"))
+                            .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
+                            .unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
                 out.push(ContainerStatus {
                     id: r.id.clone(),
                     sandbox_id: meta.sandbox_id,
@@ -1066,10 +860,15 @@ impl Runtime for OciRuntime {
 
     fn remove_image<'a>(&'a self, image: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
-            self.store
-                .remove(image)
-                .map(|_| ())
-                .map_err(|e| rt_err("remove image", e))
+            let store = self.store.clone();
+            let image = image.to_string();
+            blocking(move || {
+                store
+                    .remove(&image)
+                    .map(|_| ())
+                    .map_err(|e| rt_err("remove image", e))
+            })
+            .await
         })
     }
 
@@ -1088,6 +887,10 @@ impl Runtime for OciRuntime {
                 inodes_used: 0,
             }])
         })
+    }
+
+    fn changes(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.events.changes())
     }
 
     fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
@@ -1169,48 +972,7 @@ mod tests {
         );
     }
 
-    #[test]
-    fn stop_signals_as_images_write_them() {
-        assert_eq!(super::parse_signal("SIGQUIT"), libc::SIGQUIT);
-        assert_eq!(super::parse_signal("usr1"), libc::SIGUSR1);
-        assert_eq!(super::parse_signal("9"), 9);
-        assert_eq!(super::parse_signal(""), 0);
-        assert_eq!(super::parse_signal("SIGNOPE"), 0);
-        assert_eq!(super::parse_signal("99"), 0);
-    }
-
     use super::*;
-
-    #[test]
-    fn command_and_args_merge_like_upstream() {
-        let img = ImageDefaults {
-            entrypoint: vec!["/ep".into()],
-            cmd: vec!["c1".into()],
-            ..Default::default()
-        };
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(merge_args(&img, &[], &[]), s(&["/ep", "c1"]));
-        assert_eq!(merge_args(&img, &[], &s(&["a"])), s(&["/ep", "a"]));
-        assert_eq!(merge_args(&img, &s(&["/x"]), &[]), s(&["/x"]));
-        assert_eq!(merge_args(&img, &s(&["/x"]), &s(&["a"])), s(&["/x", "a"]));
-    }
-
-    #[test]
-    fn users_resolve_from_the_rootfs() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("etc")).unwrap();
-        std::fs::write(
-            d.path().join("etc/passwd"),
-            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/app:/bin/sh\n",
-        )
-        .unwrap();
-        std::fs::write(d.path().join("etc/group"), "staff:x:50:\n").unwrap();
-        assert_eq!(resolve_user("", d.path()), (0, 0));
-        assert_eq!(resolve_user("app", d.path()), (1000, 1001));
-        assert_eq!(resolve_user("1000", d.path()), (1000, 1000));
-        assert_eq!(resolve_user("app:staff", d.path()), (1000, 50));
-        assert_eq!(resolve_user("42:7", d.path()), (42, 7));
-    }
 
     #[test]
     fn detects_cgroup_versions() {

@@ -6,7 +6,10 @@
 //! for, and the restarted agent re-adopts them by asking the monitor.
 //!
 //! kinglet talks to it over a unix socket, one JSON request and one JSON
-//! response per line.
+//! response per line. A `watch` request turns its connection into an event
+//! stream: one [`Event`] line each time a container is created, started,
+//! exits or is deleted, so the agent's PLEG is woken by exits instead of
+//! finding them by relisting.
 
 pub mod logs;
 pub mod server;
@@ -44,8 +47,29 @@ pub enum Request {
         id: String,
     },
     List,
+    /// Turns this connection into a stream of [`Event`]s (after an `ok`).
+    Watch,
     /// Stops the monitor; refused while it has containers.
     Exit,
+}
+
+/// A change of one container, as a watcher receives it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Event {
+    pub id: String,
+    /// `created`, `running`, `exited` or `deleted`.
+    pub status: String,
+}
+
+/// What kind of failure an error answer reports, so callers match a kind,
+/// not a message.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    #[default]
+    Failed,
+    NotFound,
+    AlreadyExists,
 }
 
 /// What the monitor knows of a container.
@@ -76,9 +100,18 @@ pub struct ContainerRecord {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
     Ok,
-    Record { record: ContainerRecord },
-    Records { records: Vec<ContainerRecord> },
-    Error { message: String },
+    Record {
+        record: ContainerRecord,
+    },
+    Records {
+        records: Vec<ContainerRecord>,
+    },
+    Error {
+        message: String,
+        /// Absent from monitors older than the field: `failed`.
+        #[serde(default)]
+        kind: ErrorKind,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -91,11 +124,40 @@ pub enum MonitorError {
     },
     #[error("container monitor: {0}")]
     Failed(String),
+    #[error("container monitor: {0}")]
+    NotFound(String),
+    #[error("container monitor: {0}")]
+    AlreadyExists(String),
 }
 
 /// The socket of the monitor serving `dir`.
 pub fn socket_path(dir: &Path) -> PathBuf {
     dir.join("monitor.sock")
+}
+
+/// A subscription to the monitor's container events.
+pub struct Watch {
+    conn: BufReader<tokio::net::UnixStream>,
+    line: String,
+}
+
+impl Watch {
+    /// The next event; `None` when the monitor closed the stream (it exited,
+    /// or dropped a watcher too slow to read).
+    pub async fn next(&mut self) -> Result<Option<Event>, MonitorError> {
+        self.line.clear();
+        let n = self
+            .conn
+            .read_line(&mut self.line)
+            .await
+            .map_err(|e| MonitorError::Failed(format!("reading events: {e}")))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(&self.line)
+            .map(Some)
+            .map_err(|e| MonitorError::Failed(format!("bad event: {e}")))
+    }
 }
 
 /// Talks to the monitor.
@@ -111,31 +173,58 @@ impl Client {
         }
     }
 
-    pub async fn call(&self, req: &Request) -> Result<Response, MonitorError> {
-        let io = |source| MonitorError::Io {
+    fn io_error(&self, source: std::io::Error) -> MonitorError {
+        MonitorError::Io {
             sock: self.sock.display().to_string(),
             source,
-        };
+        }
+    }
+
+    /// Sends `req` on a new connection and reads the first answer; the
+    /// connection is returned for a watch to go on reading.
+    async fn exchange(
+        &self,
+        req: &Request,
+    ) -> Result<(Response, BufReader<tokio::net::UnixStream>), MonitorError> {
         let mut s = tokio::net::UnixStream::connect(&self.sock)
             .await
-            .map_err(io)?;
+            .map_err(|e| self.io_error(e))?;
         let mut line = serde_json::to_vec(req).map_err(|e| MonitorError::Failed(e.to_string()))?;
         line.push(b'\n');
-        s.write_all(&line).await.map_err(io)?;
-        let mut r = BufReader::new(s);
+        s.write_all(&line).await.map_err(|e| self.io_error(e))?;
+        let mut conn = BufReader::new(s);
         let mut out = String::new();
-        r.read_line(&mut out).await.map_err(io)?;
+        conn.read_line(&mut out)
+            .await
+            .map_err(|e| self.io_error(e))?;
         if out.is_empty() {
             return Err(MonitorError::Failed(
                 "connection closed without an answer".into(),
             ));
         }
-        match serde_json::from_str(&out)
-            .map_err(|e| MonitorError::Failed(format!("bad answer: {e}")))?
-        {
-            Response::Error { message } => Err(MonitorError::Failed(message)),
-            r => Ok(r),
+        let resp = serde_json::from_str(&out)
+            .map_err(|e| MonitorError::Failed(format!("bad answer: {e}")))?;
+        match resp {
+            Response::Error { message, kind } => Err(match kind {
+                ErrorKind::Failed => MonitorError::Failed(message),
+                ErrorKind::NotFound => MonitorError::NotFound(message),
+                ErrorKind::AlreadyExists => MonitorError::AlreadyExists(message),
+            }),
+            r => Ok((r, conn)),
         }
+    }
+
+    pub async fn call(&self, req: &Request) -> Result<Response, MonitorError> {
+        self.exchange(req).await.map(|(r, _)| r)
+    }
+
+    /// Subscribes to container events.
+    pub async fn watch(&self) -> Result<Watch, MonitorError> {
+        let (_, conn) = self.exchange(&Request::Watch).await?;
+        Ok(Watch {
+            conn,
+            line: String::new(),
+        })
     }
 
     pub async fn record(&self, req: &Request) -> Result<ContainerRecord, MonitorError> {

@@ -10,7 +10,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
 use super::logs::{LineSplitter, LogFile};
-use super::{ContainerRecord, Request, Response, socket_path};
+use super::{ContainerRecord, ErrorKind, Event, Request, Response, socket_path};
 use crate::container;
 
 fn now_nanos() -> i64 {
@@ -36,6 +36,8 @@ struct Monitor {
     pids: HashMap<i32, String>,
     streams: Vec<Stream>,
     logs: HashMap<String, LogFile>,
+    /// Connections that asked for events.
+    watchers: Vec<UnixStream>,
 }
 
 /// Serves `dir` unless a monitor already does. Binds the socket, then forks:
@@ -86,6 +88,7 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
         pids: HashMap::new(),
         streams: Vec::new(),
         logs: HashMap::new(),
+        watchers: Vec::new(),
     };
     m.load();
     eprintln!(
@@ -163,7 +166,38 @@ fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
     })
 }
 
+fn failed(message: String) -> Response {
+    Response::Error {
+        message,
+        kind: ErrorKind::Failed,
+    }
+}
+
+fn not_found(id: &str) -> Response {
+    Response::Error {
+        message: format!("container {id} not found"),
+        kind: ErrorKind::NotFound,
+    }
+}
+
 impl Monitor {
+    /// Tells every watcher that `id` is now `status`. A watcher whose socket
+    /// would block (it stopped reading) or is gone is dropped: it reconnects
+    /// and relists, so nothing is lost, and the monitor never waits on it.
+    fn announce(&mut self, id: &str, status: &str) {
+        if self.watchers.is_empty() {
+            return;
+        }
+        let ev = Event {
+            id: id.into(),
+            status: status.into(),
+        };
+        let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+        line.push(b'\n');
+        self.watchers
+            .retain_mut(|w| matches!(w.write(&line), Ok(n) if n == line.len()));
+    }
+
     fn record_path(&self, id: &str) -> PathBuf {
         self.dir.join("records").join(format!("{id}.json"))
     }
@@ -300,6 +334,7 @@ impl Monitor {
                 }
             }
             let mut gone = Vec::new();
+            let mut watching = Vec::new();
             for (i, c) in clients.iter_mut().enumerate() {
                 if fds.get(2 + i).is_none_or(|f| f.revents == 0) {
                     continue;
@@ -313,33 +348,46 @@ impl Monitor {
                 }
                 while let Some(nl) = c.buf.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = c.buf.drain(..=nl).collect();
-                    let resp = match serde_json::from_slice::<Request>(&line) {
+                    let req = serde_json::from_slice::<Request>(&line);
+                    let watch = matches!(req, Ok(Request::Watch));
+                    let resp = match req {
                         Ok(req) => self.handle(req),
-                        Err(e) => Response::Error {
-                            message: format!("bad request: {e}"),
-                        },
+                        Err(e) => failed(format!("bad request: {e}")),
                     };
                     let mut out = serde_json::to_vec(&resp).unwrap_or_default();
                     out.push(b'\n');
                     let _ = c.sock.set_nonblocking(false);
                     let _ = c.sock.write_all(&out);
                     let _ = c.sock.set_nonblocking(true);
+                    if watch {
+                        watching.push(i);
+                        break;
+                    }
                 }
             }
-            for i in gone.into_iter().rev() {
-                clients.remove(i);
+            let all = std::mem::take(&mut clients);
+            for (i, c) in all.into_iter().enumerate() {
+                if gone.contains(&i) {
+                    continue;
+                }
+                if watching.contains(&i) {
+                    self.watchers.push(c.sock);
+                } else {
+                    clients.push(c);
+                }
             }
         }
     }
 
     /// Collects exited children; records exit code, signal and OOM kill.
     fn reap(&mut self) {
+        let mut exited = Vec::new();
         loop {
             let mut status = 0;
             // SAFETY: waitpid with a valid status pointer.
             let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
             if pid <= 0 {
-                return;
+                break;
             }
             let Some(id) = self.pids.remove(&pid) else {
                 continue;
@@ -349,6 +397,7 @@ impl Monitor {
             };
             r.status = "exited".into();
             r.finished_at = Some(now_nanos());
+            exited.push(id.clone());
             if libc::WIFEXITED(status) {
                 r.exit_code = Some(libc::WEXITSTATUS(status));
             } else if libc::WIFSIGNALED(status) {
@@ -361,12 +410,15 @@ impl Monitor {
             }
             self.persist(&id);
         }
+        for id in exited {
+            self.announce(&id, "exited");
+        }
     }
 
     fn handle(&mut self, req: Request) -> Response {
-        let err = |e: String| Response::Error { message: e };
+        let err = failed;
         match req {
-            Request::Ping => Response::Ok,
+            Request::Ping | Request::Watch => Response::Ok,
             Request::Exit => {
                 if self.records.is_empty() {
                     let _ = std::fs::remove_file(socket_path(&self.dir));
@@ -383,7 +435,7 @@ impl Monitor {
             },
             Request::State { id } => match self.records.get(&id) {
                 Some(r) => Response::Record { record: r.clone() },
-                None => err(format!("container {id} not found")),
+                None => not_found(&id),
             },
             Request::Create {
                 id,
@@ -393,7 +445,10 @@ impl Monitor {
                 log_max_files,
             } => {
                 if self.records.contains_key(&id) {
-                    return err(format!("container {id} already exists"));
+                    return Response::Error {
+                        message: format!("container {id} already exists"),
+                        kind: ErrorKind::AlreadyExists,
+                    };
                 }
                 let pipes = (|| -> std::io::Result<_> {
                     let (or, ow) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -445,14 +500,18 @@ impl Monitor {
                 });
                 self.records.insert(id.clone(), r.clone());
                 self.persist(&id);
+                self.announce(&id, "created");
                 Response::Record { record: r }
             }
             Request::Start { id } => {
+                if !self.records.contains_key(&id) {
+                    return not_found(&id);
+                }
                 if let Err(e) = container::start(&self.state_root, &id) {
                     return err(e.to_string());
                 }
                 let Some(r) = self.records.get_mut(&id) else {
-                    return err(format!("container {id} not found"));
+                    return not_found(&id);
                 };
                 if r.status == "created" {
                     r.status = "running".into();
@@ -460,11 +519,12 @@ impl Monitor {
                 r.started_at = Some(now_nanos());
                 let r = r.clone();
                 self.persist(&id);
+                self.announce(&id, "running");
                 Response::Record { record: r }
             }
             Request::Kill { id, signal } => {
                 match self.records.get(&id) {
-                    None => return err(format!("container {id} not found")),
+                    None => return not_found(&id),
                     Some(r) if r.status == "exited" => return Response::Ok,
                     Some(_) => {}
                 }
@@ -484,6 +544,7 @@ impl Monitor {
                 self.streams.retain(|s| s.id != id);
                 self.logs.remove(&id);
                 let _ = std::fs::remove_file(self.record_path(&id));
+                self.announce(&id, "deleted");
                 Response::Ok
             }
         }

@@ -1,0 +1,89 @@
+//! Container events from the monitor: one task follows the monitor's watch
+//! stream and turns each event into two signals, the PLEG's wake-up
+//! ([`Events::changes`], coalescing) and a counter that `stop` waits on for
+//! the exit it asked for ([`Events::subscribe`]). While no stream can be had
+//! (no monitor yet, or one older than the watch call) the task wakes the
+//! PLEG once a second, as the periodic relist did before events existed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tracing::debug;
+
+use crate::monitor::Client;
+
+/// The signals one runtime's event task feeds.
+pub(crate) struct Events {
+    changes: Arc<Notify>,
+    seen: watch::Sender<u64>,
+    task: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Events {
+    pub fn new() -> Self {
+        Events {
+            changes: Arc::new(Notify::new()),
+            seen: watch::channel(0).0,
+            task: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Starts following `monitor` (once; later calls do nothing).
+    pub fn follow(&self, monitor: Client) {
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.is_some() {
+            return;
+        }
+        let changes = self.changes.clone();
+        let seen = self.seen.clone();
+        *task = Some(tokio::spawn(follow(monitor, changes, seen)).abort_handle());
+    }
+
+    /// Notified (with a stored permit) whenever a container changed.
+    pub fn changes(&self) -> Arc<Notify> {
+        self.changes.clone()
+    }
+
+    /// A receiver whose `changed()` fires at each event after this call.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.seen.subscribe()
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.lock().ok().and_then(|mut t| t.take()) {
+            t.abort();
+        }
+    }
+}
+
+async fn follow(monitor: Client, changes: Arc<Notify>, seen: watch::Sender<u64>) {
+    loop {
+        match monitor.watch().await {
+            Ok(mut w) => {
+                // What changed while nobody watched is found by one relist.
+                changes.notify_one();
+                loop {
+                    match w.next().await {
+                        Ok(Some(ev)) => {
+                            debug!(container = %ev.id, status = %ev.status, "container event");
+                            seen.send_modify(|n| *n += 1);
+                            changes.notify_one();
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            debug!(error = %e, "container events");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => debug!(error = %e, "watching container events"),
+        }
+        seen.send_modify(|n| *n += 1);
+        changes.notify_one();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
