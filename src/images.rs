@@ -3,7 +3,6 @@
 //! garbage collection is the pod lifecycle's ([`crate::pods::image_gc`]),
 //! over the runtime, for both runtimes.
 
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,8 +10,6 @@ use anyhow::Context;
 use kinglet_runtime_oci::images::auth::{Credentials, RegistriesConfig};
 use kinglet_runtime_oci::images::registry::Puller;
 use kinglet_runtime_oci::images::{ImageStore, Index, parse_reference};
-use rustix::fs::inotify;
-use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -184,27 +181,11 @@ pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: Ca
         warn!(dir = %dir.display(), error = %e, "cannot create the image import dir; imports are off");
         return;
     }
-    let fd = match inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
-        .and_then(|fd| {
-            inotify::add_watch(
-                &fd,
-                &dir,
-                inotify::WatchFlags::CLOSE_WRITE | inotify::WatchFlags::MOVED_TO,
-            )?;
-            Ok(fd)
-        }) {
-        Ok(fd) => fd,
+    use crate::dirwatch::{DirWatch, Flags};
+    let mut watch = match DirWatch::new(&dir, Flags::CLOSE_WRITE | Flags::MOVED_TO) {
+        Ok(w) => w,
         Err(e) => {
             warn!(dir = %dir.display(), error = %e, "cannot watch the image import dir; imports are off");
-            return;
-        }
-    };
-    // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open
-    // and refers to the same inotify instance until the AsyncFd is dropped.
-    let afd = match unsafe { AsyncFd::register(fd) } {
-        Ok(a) => a,
-        Err(e) => {
-            warn!(error = %e, "cannot register the inotify fd");
             return;
         }
     };
@@ -222,36 +203,19 @@ pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: Ca
         import_one(&store, &dir, f).await;
     }
     info!(dir = %dir.display(), "watching for image archives");
-    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
     loop {
-        let mut guard = tokio::select! {
+        let names = tokio::select! {
             _ = shutdown.cancelled() => return,
-            g = afd.readable() => match g { Ok(g) => g, Err(_) => return },
-        };
-        let mut names = Vec::new();
-        {
-            let mut reader = inotify::Reader::new(afd.get_ref(), &mut buf);
-            loop {
-                match reader.next() {
-                    Ok(ev) => {
-                        if let Some(n) = ev.file_name() {
-                            names.push(dir.join(std::ffi::OsStr::from_bytes(n.to_bytes())));
-                        }
-                    }
-                    Err(rustix::io::Errno::AGAIN) => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "reading inotify events failed");
-                        guard.clear_ready();
-                        break;
-                    }
+            n = watch.changed() => match n {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(dir = %dir.display(), error = %e, "the import dir watch broke; imports are off");
+                    return;
                 }
-            }
-        }
-        names.dedup();
-        for f in names {
+            },
+        };
+        for name in names {
+            let f = dir.join(name);
             if importable(&f) {
                 import_one(&store, &dir, f).await;
             }

@@ -1,12 +1,15 @@
 //! kinglet: a kubelet for small machines.
 //!
-//! `main` is the edge: it parses flags and config (exiting with a message on
-//! bad input, before any API call), sets up logging, picks the runtime, and
-//! runs the node agent and local endpoints until SIGTERM.
+//! `main` is the edge: one match on the subcommand. Without one, kinglet
+//! parses flags and config (exiting with a message on bad input, before any
+//! API call), sets up logging and runs the [`kubelet::Kubelet`], which
+//! assembles the parts, until SIGTERM.
 
 mod backoff;
 mod config;
 mod demo;
+mod dirwatch;
+mod fsutil;
 mod health;
 mod images;
 mod kubelet;
@@ -19,48 +22,49 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing::{error, warn};
 
-use config::flags::Flags;
+use config::flags::{Command, Flags, PodsCommand};
 
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
-    // Namespaces and the monitor need a process without threads.
-    if let Some(config::flags::Command::Netns {
-        net,
-        ipc,
-        uts,
-        hostname,
-    }) = &flags.command
-    {
-        let ns = kinglet_runtime_oci::network::PodNamespaces {
-            net: net.clone(),
-            ipc: ipc.clone(),
-            uts: uts.clone().zip(hostname.clone()),
-        };
-        return match kinglet_runtime_oci::network::create_namespaces(&ns) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("kinglet netns: {e}");
-                ExitCode::from(1)
-            }
-        };
-    }
-    // The monitor must start before any thread exists: it forks.
-    if let Some(config::flags::Command::Monitor { dir }) = &flags.command {
-        return match kinglet_runtime_oci::monitor::server::daemonize_and_serve(dir) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("kinglet monitor: {e}");
-                ExitCode::from(1)
-            }
-        };
-    }
-    // One TLS provider for every client (the API and registries).
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    if let Some(config::flags::Command::DemoApp) = &flags.command {
-        demo::app();
-    }
-    if let Some(config::flags::Command::Demo) = &flags.command {
-        match demo::prepare(&flags.root_dir) {
+    match flags.command.take() {
+        // Namespaces and the monitor need a process without threads (the
+        // monitor forks): both run before anything else exists.
+        Some(Command::Netns {
+            net,
+            ipc,
+            uts,
+            hostname,
+        }) => {
+            let ns = kinglet_runtime_oci::network::PodNamespaces {
+                net,
+                ipc,
+                uts: uts.zip(hostname),
+            };
+            exit(
+                "kinglet netns",
+                kinglet_runtime_oci::network::create_namespaces(&ns),
+            )
+        }
+        Some(Command::Monitor { dir }) => exit(
+            "kinglet monitor",
+            kinglet_runtime_oci::monitor::server::daemonize_and_serve(&dir),
+        ),
+        Some(Command::DemoApp) => demo::app(),
+        Some(Command::Pods(PodsCommand::Ls)) => {
+            print!("{}", pods::table(&flags.root_dir.join("pods")));
+            ExitCode::SUCCESS
+        }
+        Some(Command::Images(cmd)) => {
+            install_tls();
+            init_logging(&config::Logging::default());
+            let result = block_on(images::command(
+                cmd,
+                &flags.root_dir,
+                &flags.image_registry_config,
+            ));
+            exit("kinglet", result.map_err(|e| format!("{e:#}")))
+        }
+        Some(Command::Demo) => match demo::prepare(&flags.root_dir) {
             Ok(cfg) => {
                 eprintln!(
                     "kinglet demo: static pod 'demo' from image {}; watch it with: {} --root-dir {} pods ls",
@@ -70,69 +74,61 @@ fn main() -> ExitCode {
                 );
                 flags.config = Some(cfg);
                 flags.kubeconfig = None;
-                flags.command = None;
+                agent(flags)
             }
-            Err(e) => {
-                eprintln!("kinglet demo: {e:#}");
-                return ExitCode::from(1);
-            }
+            Err(e) => exit("kinglet demo", Err(format!("{e:#}"))),
+        },
+        None => agent(flags),
+    }
+}
+
+/// One TLS provider for every client (the API and registries).
+fn install_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The exit code of a command, its error printed after `what`.
+fn exit<E: std::fmt::Display>(what: &str, r: Result<(), E>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{what}: {e}");
+            ExitCode::from(1)
         }
     }
-    if let Some(config::flags::Command::Pods(config::flags::PodsCommand::Ls)) = &flags.command {
-        print!("{}", pods::table(&flags.root_dir.join("pods")));
-        return ExitCode::SUCCESS;
-    }
-    if let Some(config::flags::Command::Images(cmd)) = flags.command.take() {
-        init_logging(&config::Logging::default());
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build();
-        let result = rt.map_err(anyhow::Error::from).and_then(|rt| {
-            rt.block_on(images::command(
-                cmd,
-                &flags.root_dir,
-                &flags.image_registry_config,
-            ))
-        });
-        return match result {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("kinglet: {e:#}");
-                ExitCode::from(1)
-            }
-        };
-    }
+}
+
+/// Runs `f` on one thread: a node agent waits on the network and the
+/// kernel; a second thread would only cost memory on the small machines
+/// kinglet runs on.
+fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?
+        .block_on(f)
+}
+
+/// The node agent: settings from flags and config (exiting with a message
+/// naming the field on bad input, before any API call), then the kubelet
+/// until SIGTERM.
+fn agent(flags: Flags) -> ExitCode {
+    install_tls();
     let mut warnings = Vec::new();
     let hostname = || sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into());
     let settings = match flags.settings(hostname, &mut |w| warnings.push(w)) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("kinglet: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return exit("kinglet", Err(e)),
     };
     init_logging(&settings.config.logging);
     for w in warnings {
         warn!("{w}");
     }
-    // One thread: a node agent waits on the network and the kernel; a second
-    // thread would only cost memory on the small machines kinglet runs on.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("kinglet: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match rt.block_on(async { kubelet::Kubelet::start(settings).await?.wait().await }) {
+    match block_on(async { kubelet::Kubelet::start(settings).await?.wait().await }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
-            eprintln!("kinglet: {e:#}");
-            ExitCode::from(1)
+            exit("kinglet", Err(format!("{e:#}")))
         }
     }
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use units::{GoDuration, ThresholdValue, parse_quantity};
+pub use units::{GoDuration, ThresholdValue, parse_quantity, parse_quantity_milli};
 
 pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 pub const KIND: &str = "KubeletConfiguration";

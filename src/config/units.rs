@@ -119,44 +119,72 @@ impl Serialize for GoDuration {
 /// Parses a Kubernetes resource quantity to its value in base units, rounded
 /// up to a whole unit (as the kubelet does for bytes and counts).
 pub fn parse_quantity(s: &str) -> Result<u64, String> {
-    let bad = || format!("invalid quantity {s:?} (want e.g. \"100Mi\", \"1G\", \"500\")");
+    let milli = parse_quantity_milli(s)?;
+    u64::try_from(milli.div_ceil(1000)).map_err(|_| quantity_error(s))
+}
+
+fn quantity_error(s: &str) -> String {
+    format!("invalid quantity {s:?} (want e.g. \"100Mi\", \"1G\", \"500\")")
+}
+
+/// Parses a Kubernetes resource quantity to its value in thousandths of the
+/// base unit (`250m` → 250, `1` → 1000, `1Ki` → 1,024,000), exactly: the
+/// digits are read as integers, the one quantity parser of kinglet (config
+/// values, pod resources, node status). Sub-milli parts round up, as
+/// upstream's `MilliValue`.
+pub fn parse_quantity_milli(s: &str) -> Result<u128, String> {
+    let bad = || quantity_error(s);
     let t = s.trim();
+    let t = t.strip_prefix('+').unwrap_or(t);
     let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, suffix) = t.split_at(split);
-    if num.is_empty() || num.starts_with('.') && num.len() == 1 {
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() || frac.contains('.') || frac.len() > 30 {
         return Err(bad());
     }
-    let n: f64 = num.parse().map_err(|_| bad())?;
-    let mult: f64 = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with(['e', 'E']) => {
-            let exp: i32 = e[1..].parse().map_err(|_| bad())?;
-            10f64.powi(exp)
-        }
+    // The number as digits / 10^scale.
+    let digits: u128 = format!("{int}{frac}")
+        .trim_start_matches('0')
+        .parse()
+        .or_else(|e: std::num::ParseIntError| match e.kind() {
+            std::num::IntErrorKind::Empty => Ok(0),
+            _ => Err(bad()),
+        })?;
+    let scale = frac.len() as u32;
+    // The suffix as (binary multiplier, decimal exponent), × 1000 for milli.
+    let (bin, exp): (u128, i32) = match suffix {
+        "" => (1, 0),
+        "n" => (1, -9),
+        "u" => (1, -6),
+        "m" => (1, -3),
+        "k" => (1, 3),
+        "M" => (1, 6),
+        "G" => (1, 9),
+        "T" => (1, 12),
+        "P" => (1, 15),
+        "E" => (1, 18),
+        "Ki" => (1 << 10, 0),
+        "Mi" => (1 << 20, 0),
+        "Gi" => (1 << 30, 0),
+        "Ti" => (1 << 40, 0),
+        "Pi" => (1 << 50, 0),
+        "Ei" => (1 << 60, 0),
+        e if e.starts_with(['e', 'E']) => (1, e[1..].parse().map_err(|_| bad())?),
         _ => return Err(bad()),
     };
-    let v = (n * mult).ceil();
-    if !v.is_finite() || v < 0.0 || v > u64::MAX as f64 {
-        return Err(bad());
+    let exp = exp + 3 - scale as i32;
+    let value = digits.checked_mul(bin).ok_or_else(bad)?;
+    if exp >= 0 {
+        10u128
+            .checked_pow(exp as u32)
+            .and_then(|m| value.checked_mul(m))
+            .ok_or_else(bad)
+    } else {
+        let div = 10u128.checked_pow(exp.unsigned_abs()).unwrap_or(u128::MAX);
+        Ok(value.div_ceil(div))
     }
-    Ok(v as u64)
 }
 
 /// An eviction threshold value: an absolute quantity or a percentage of
@@ -223,9 +251,29 @@ mod tests {
         assert_eq!(parse_quantity("500").unwrap(), 500);
         assert_eq!(parse_quantity("1e3").unwrap(), 1000);
         assert_eq!(parse_quantity("100m").unwrap(), 1);
-        for bad in ["", "plenty", "10XB", "Mi", "-5Mi", "1.2.3"] {
+        for bad in [
+            "", "plenty", "10XB", "Mi", "-5Mi", "1.2.3", ".", "1e", "99999Ei",
+        ] {
             assert!(parse_quantity(bad).is_err(), "{bad:?} accepted");
         }
+        // Exact where floats are not, and as large as a node can name.
+        assert_eq!(parse_quantity("9Ei").unwrap(), 9 << 60);
+        assert_eq!(parse_quantity("0.1").unwrap(), 1);
+        assert_eq!(parse_quantity("+2k").unwrap(), 2000);
+    }
+
+    #[test]
+    fn quantities_in_thousandths() {
+        let m = |s| parse_quantity_milli(s).unwrap();
+        assert_eq!(m("250m"), 250);
+        assert_eq!(m("1"), 1000);
+        assert_eq!(m("0.5"), 500);
+        assert_eq!(m("1.5Ki"), 1536 * 1000);
+        assert_eq!(m("100n"), 1, "sub-milli rounds up");
+        assert_eq!(m("0"), 0);
+        assert_eq!(m("0.000"), 0);
+        assert_eq!(m("1e-3"), 1);
+        assert_eq!(m("2.5e2"), 250_000);
     }
 
     #[test]

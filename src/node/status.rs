@@ -458,14 +458,7 @@ pub fn change_key(s: &NodeStatus) -> NodeStatus {
 
 /// A quantity's value in thousandths, as a string; unparsable text as is.
 fn quantity_milli(q: &str) -> String {
-    let (num, mult) = match q.strip_suffix('m') {
-        Some(n) => (n, 1u128),
-        None => (q, 1000u128),
-    };
-    match parse_quantity(num) {
-        Ok(v) => (u128::from(v) * mult).to_string(),
-        Err(_) => q.to_string(),
-    }
+    crate::config::parse_quantity_milli(q).map_or_else(|_| q.to_string(), |v| v.to_string())
 }
 
 #[cfg(test)]

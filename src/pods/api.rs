@@ -11,10 +11,11 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::api_writer::is_mirror;
 use super::sources::SourceUpdate;
+use crate::fsutil::write_private_atomic;
 
 /// Sends a snapshot of this node's API pods after the first list and after
 /// every change. Mirror pods are the node's own reflection and are skipped.
@@ -30,7 +31,8 @@ pub async fn watch(
     tx: mpsc::Sender<SourceUpdate>,
     shutdown: CancellationToken,
 ) {
-    if let Some(pods) = std::fs::read(&checkpoint)
+    if let Some(pods) = tokio::fs::read(&checkpoint)
+        .await
         .ok()
         .and_then(|b| serde_json::from_slice::<Vec<Pod>>(&b).ok())
     {
@@ -48,9 +50,7 @@ pub async fn watch(
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let mut stream = watcher(api, cfg).default_backoff().boxed();
-    let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
-    let mut listing: BTreeMap<String, Pod> = BTreeMap::new();
-    let mut ready = false;
+    let mut set = PodSet::default();
     loop {
         let ev = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -62,52 +62,115 @@ pub async fn watch(
                 debug!(error = %e, "pod watch interrupted");
                 false
             }
-            Some(Ok(watcher::Event::Init)) => {
-                listing.clear();
-                false
-            }
-            Some(Ok(watcher::Event::InitApply(p))) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    listing.insert(uid, p);
-                }
-                false
-            }
-            Some(Ok(watcher::Event::InitDone)) => {
-                pods = std::mem::take(&mut listing);
-                ready = true;
-                true
-            }
-            Some(Ok(watcher::Event::Apply(p))) => {
-                if let Some(uid) = p.metadata.uid.clone() {
-                    pods.insert(uid, p);
-                }
-                true
-            }
-            Some(Ok(watcher::Event::Delete(p))) => {
-                if let Some(uid) = &p.metadata.uid {
-                    pods.remove(uid);
-                }
-                true
-            }
+            Some(Ok(ev)) => set.apply(ev),
         };
-        if changed && ready {
-            let snapshot: Vec<Pod> = pods.values().filter(|p| !is_mirror(p)).cloned().collect();
-            if let Ok(data) = serde_json::to_vec(&snapshot) {
-                let tmp = checkpoint.with_extension("tmp");
-                if std::fs::write(&tmp, data).is_ok() {
-                    let _ = std::fs::rename(&tmp, &checkpoint);
-                }
+        if !changed {
+            continue;
+        }
+        let snapshot: Vec<Pod> = set
+            .pods
+            .values()
+            .filter(|p| !is_mirror(p))
+            .cloned()
+            .collect();
+        write_checkpoint(&checkpoint, &snapshot).await;
+        let update = SourceUpdate {
+            source: "api",
+            pods: snapshot,
+        };
+        if tx.send(update).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The pods the watch has seen, by UID; a relist replaces them whole.
+#[derive(Default)]
+struct PodSet {
+    pods: BTreeMap<String, Pod>,
+    listing: BTreeMap<String, Pod>,
+    ready: bool,
+}
+
+impl PodSet {
+    /// Applies one watch event; true when a new snapshot is due (never
+    /// before the first list completed).
+    fn apply(&mut self, ev: watcher::Event<Pod>) -> bool {
+        match ev {
+            watcher::Event::Init => {
+                self.listing.clear();
+                false
             }
-            if tx
-                .send(SourceUpdate {
-                    source: "api",
-                    pods: snapshot,
-                })
-                .await
-                .is_err()
-            {
-                return;
+            watcher::Event::InitApply(p) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    self.listing.insert(uid, p);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                self.pods = std::mem::take(&mut self.listing);
+                self.ready = true;
+                true
+            }
+            watcher::Event::Apply(p) => {
+                if let Some(uid) = p.metadata.uid.clone() {
+                    self.pods.insert(uid, p);
+                }
+                self.ready
+            }
+            watcher::Event::Delete(p) => {
+                if let Some(uid) = &p.metadata.uid {
+                    self.pods.remove(uid);
+                }
+                self.ready
             }
         }
+    }
+}
+
+/// Writes the snapshot for a start without the API server (flushed to disk,
+/// on the blocking pool).
+async fn write_checkpoint(path: &std::path::Path, pods: &[Pod]) {
+    let Ok(data) = serde_json::to_vec(pods) else {
+        return;
+    };
+    let path = path.to_path_buf();
+    let written =
+        tokio::task::spawn_blocking(move || write_private_atomic(&path, &data, true)).await;
+    if let Ok(Err(e)) = written {
+        warn!(error = %e, "cannot write the pod checkpoint");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.uid = Some(uid.into());
+        p
+    }
+
+    #[test]
+    fn snapshots_start_after_the_first_list_and_a_relist_replaces_them() {
+        let mut set = PodSet::default();
+        assert!(!set.apply(watcher::Event::Apply(pod("early"))));
+        assert!(!set.apply(watcher::Event::Init));
+        assert!(!set.apply(watcher::Event::InitApply(pod("a"))));
+        assert!(!set.apply(watcher::Event::InitApply(pod("b"))));
+        assert!(set.apply(watcher::Event::InitDone));
+        assert_eq!(set.pods.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(set.apply(watcher::Event::Delete(pod("a"))));
+        // A relist (after a watch expired) drops what it no longer lists.
+        set.apply(watcher::Event::Init);
+        set.apply(watcher::Event::InitApply(pod("c")));
+        assert_eq!(
+            set.pods.len(),
+            1,
+            "the old set stays until the list is done"
+        );
+        assert!(set.apply(watcher::Event::InitDone));
+        assert_eq!(set.pods.keys().collect::<Vec<_>>(), ["c"]);
     }
 }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kinglet_runtime::{ContainerConfig, PortMapping, SandboxConfig};
 
 use crate::config::parse_quantity;
@@ -196,12 +196,10 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     }
 }
 
-/// A quantity in thousandths (cpu `250m` → 250, `1` → 1000; bytes × 1000).
+/// A quantity in thousandths (cpu `250m` → 250, `1` → 1000; bytes × 1000);
+/// 0 when unparsable (the apiserver validated it).
 pub fn quantity_milli(q: &str) -> u128 {
-    match q.strip_suffix('m') {
-        Some(n) => n.parse::<f64>().map_or(0, |v| v.ceil() as u128),
-        None => parse_quantity(q).map_or(0, |v| u128::from(v) * 1000),
-    }
+    crate::config::parse_quantity_milli(q).unwrap_or(0)
 }
 
 fn pod_uid(pod: &Pod) -> String {
@@ -295,11 +293,35 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
             .clone()
             .unwrap_or_else(|| name.chars().take(63).collect())
     };
-    let policy = spec
-        .dns_policy
-        .clone()
-        .unwrap_or_else(|| "ClusterFirst".into());
-    let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    SandboxConfig {
+        pod_uid: pod_uid(pod),
+        resolv_conf: resolv_conf(&spec, &ns, node),
+        hosts: hosts_file(&spec, &hostname, node),
+        pod_name: name,
+        namespace: ns,
+        hostname,
+        log_directory: log_directory(pod, &node.log_root),
+        host_network,
+        host_pid: spec.host_pid.unwrap_or(false),
+        host_ipc: spec.host_ipc.unwrap_or(false),
+        cgroup_parent: cgroup_parent(pod),
+        port_mappings: port_mappings(&spec),
+        sysctls: spec
+            .security_context
+            .iter()
+            .flat_map(|sc| sc.sysctls.iter().flatten())
+            .map(|s| (s.name.clone(), s.value.clone()))
+            .collect(),
+    }
+}
+
+/// The pod's `/etc/resolv.conf` by its `dnsPolicy` and `dnsConfig`, as
+/// upstream's `dns.Configurer`: the cluster DNS with the namespace's search
+/// path and `ndots:5`, or the host's file, or nothing (`None`), then the
+/// pod's own nameservers, searches and options.
+fn resolv_conf(spec: &PodSpec, ns: &str, node: &NodeContext) -> String {
+    let host_network = spec.host_network.unwrap_or(false);
+    let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
     let cluster = (policy == "ClusterFirst" && !host_network
         || policy == "ClusterFirstWithHostNet")
         && !node.cluster_dns.is_empty();
@@ -323,30 +345,36 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
         r.push_str("options ndots:5\n");
         r
     } else {
-        host_resolv
+        std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default()
     };
-    if let Some(cfg) = &spec.dns_config {
-        for ip in cfg.nameservers.iter().flatten() {
-            resolv.push_str(&format!("nameserver {ip}\n"));
-        }
-        if let Some(s) = &cfg.searches
-            && !s.is_empty()
-        {
-            resolv.push_str(&format!("search {}\n", s.join(" ")));
-        }
-        let opts: Vec<String> = cfg
-            .options
-            .iter()
-            .flatten()
-            .map(|o| match &o.value {
-                Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                None => o.name.clone().unwrap_or_default(),
-            })
-            .collect();
-        if !opts.is_empty() {
-            resolv.push_str(&format!("options {}\n", opts.join(" ")));
-        }
+    let Some(cfg) = &spec.dns_config else {
+        return resolv;
+    };
+    for ip in cfg.nameservers.iter().flatten() {
+        resolv.push_str(&format!("nameserver {ip}\n"));
     }
+    if let Some(s) = &cfg.searches
+        && !s.is_empty()
+    {
+        resolv.push_str(&format!("search {}\n", s.join(" ")));
+    }
+    let opts: Vec<String> = cfg
+        .options
+        .iter()
+        .flatten()
+        .map(|o| match &o.value {
+            Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
+            None => o.name.clone().unwrap_or_default(),
+        })
+        .collect();
+    if !opts.is_empty() {
+        resolv.push_str(&format!("options {}\n", opts.join(" ")));
+    }
+    resolv
+}
+
+/// The pod's `/etc/hosts`: localhost, its own name, its `hostAliases`.
+fn hosts_file(spec: &PodSpec, hostname: &str, node: &NodeContext) -> String {
     let mut hosts = String::from(
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     );
@@ -358,26 +386,7 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
             h.hostnames.clone().unwrap_or_default().join("\t")
         ));
     }
-    SandboxConfig {
-        pod_uid: pod_uid(pod),
-        pod_name: name,
-        namespace: ns,
-        hostname,
-        log_directory: log_directory(pod, &node.log_root),
-        host_network,
-        host_pid: spec.host_pid.unwrap_or(false),
-        host_ipc: spec.host_ipc.unwrap_or(false),
-        cgroup_parent: cgroup_parent(pod),
-        resolv_conf: resolv,
-        hosts,
-        port_mappings: port_mappings(&spec),
-        sysctls: spec
-            .security_context
-            .iter()
-            .flat_map(|sc| sc.sysctls.iter().flatten())
-            .map(|s| (s.name.clone(), s.value.clone()))
-            .collect(),
-    }
+    hosts
 }
 
 /// The containers' `hostPort`s, as the upstream kubelet hands them to CRI
@@ -565,97 +574,9 @@ pub fn container_config(
     node: &NodeContext,
     objects: &EnvObjects,
 ) -> Result<ContainerConfig, ConfigError> {
-    let (ns, _) = namespace_and_name(pod);
-    let mut env: BTreeMap<String, String> = BTreeMap::new();
-    let mut ordered: Vec<(String, String)> = Vec::new();
-    // envFrom first, so that env overrides it, as upstream.
-    for ef in c.env_from.iter().flatten() {
-        let prefix = ef.prefix.clone().unwrap_or_default();
-        let (kind, name, optional) = match (&ef.config_map_ref, &ef.secret_ref) {
-            (Some(r), _) => (ObjectKind::ConfigMap, &r.name, r.optional == Some(true)),
-            (None, Some(r)) => (ObjectKind::Secret, &r.name, r.optional == Some(true)),
-            (None, None) => continue,
-        };
-        let Some(data) = objects.get(kind, name) else {
-            if optional {
-                continue;
-            }
-            return Err(ConfigError(format!("{} {name:?} not found", kind.lower())));
-        };
-        for (k, v) in data {
-            let k = format!("{prefix}{k}");
-            // Invalid names are skipped (upstream also records an event).
-            if !is_env_var_name(&k) {
-                continue;
-            }
-            env.insert(k.clone(), v.clone());
-            ordered.retain(|(o, _)| *o != k);
-            ordered.push((k, v.clone()));
-        }
-    }
-    for e in c.env.iter().flatten() {
-        let value = if let Some(vf) = &e.value_from {
-            if let Some(f) = &vf.field_ref {
-                field_ref(pod, &f.field_path, node).ok_or_else(|| {
-                    ConfigError(format!(
-                        "unsupported fieldRef {:?} in env {}",
-                        f.field_path, e.name
-                    ))
-                })?
-            } else if let Some(r) = &vf.resource_field_ref {
-                let res = c.resources.clone().unwrap_or_default();
-                let (kind, key) = match r.resource.split_once('.') {
-                    Some((k, key)) => (k, key),
-                    None => ("limits", r.resource.as_str()),
-                };
-                let map = if kind == "requests" {
-                    res.requests
-                } else {
-                    res.limits
-                }
-                .unwrap_or_default();
-                let divisor = r
-                    .divisor
-                    .as_ref()
-                    .map_or(1000, |d| quantity_milli(&d.0).max(1));
-                match map.get(key) {
-                    Some(q) => (quantity_milli(&q.0).div_ceil(divisor)).to_string(),
-                    // Unset limits read as node allocatable upstream; the
-                    // node's memory is what kinglet knows.
-                    None if key == "memory" => node.memory_capacity.to_string(),
-                    None => "0".into(),
-                }
-            } else if let Some((kind, name, key, optional)) = vf
-                .config_map_key_ref
-                .as_ref()
-                .map(|k| (ObjectKind::ConfigMap, &k.name, &k.key, k.optional))
-                .or(vf
-                    .secret_key_ref
-                    .as_ref()
-                    .map(|k| (ObjectKind::Secret, &k.name, &k.key, k.optional)))
-            {
-                match objects.key(kind, &ns, name, key, optional == Some(true))? {
-                    Some(v) => v,
-                    None => continue,
-                }
-            } else {
-                String::new()
-            }
-        } else {
-            expand(e.value.as_deref().unwrap_or(""), &env)
-        };
-        env.insert(e.name.clone(), value.clone());
-        ordered.retain(|(k, _)| *k != e.name);
-        ordered.push((e.name.clone(), value));
-    }
-    let command = c
-        .command
-        .iter()
-        .flatten()
-        .map(|s| expand(s, &env))
-        .collect();
-    let args = c.args.iter().flatten().map(|s| expand(s, &env)).collect();
-
+    let (env, values) = environment(pod, c, node, objects)?;
+    let command = c.command.iter().flatten().map(|s| expand(s, &values));
+    let args = c.args.iter().flatten().map(|s| expand(s, &values));
     let pod_sc = pod
         .spec
         .as_ref()
@@ -675,38 +596,26 @@ pub fn container_config(
         .flatten()
         .map(|g| *g as u32)
         .collect();
-    if let Some(fs) = pod_sc.fs_group {
-        groups.push(fs as u32);
-    }
-    let res = c.resources.clone().unwrap_or_default();
-    let lim = res.limits.unwrap_or_default();
-    let req = res.requests.unwrap_or_default();
-    let memory_limit = lim
-        .get("memory")
-        .and_then(|q| parse_quantity(&q.0).ok())
-        .map(|v| v as i64);
-    let cpu_limit = lim.get("cpu").map(|q| quantity_milli(&q.0));
-    let cpu_request = req.get("cpu").map(|q| quantity_milli(&q.0)).or(cpu_limit);
+    groups.extend(pod_sc.fs_group.map(|g| g as u32));
+    let limits = Limits::of(c);
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
-    let ann = pod.metadata.annotations.clone().unwrap_or_default();
-    let _ = ann;
     Ok(ContainerConfig {
         name: c.name.clone(),
         attempt,
         image: c.image.clone().unwrap_or_default(),
-        command,
-        args,
-        env: ordered,
+        command: command.collect(),
+        args: args.collect(),
+        env,
         working_dir: c.working_dir.clone().unwrap_or_default(),
         uid,
         gid,
         supplemental_groups: groups,
         log_path: format!("{}/{attempt}.log", c.name),
         mounts: volume_mounts(pod, c, node)?,
-        memory_limit,
-        cpu_shares: Some(cpu_request.map_or(2, |m| ((m * 1024) / 1000).max(2) as u64)),
-        cpu_quota: cpu_limit.map(|m| (m * 100) as i64),
+        memory_limit: limits.memory,
+        cpu_shares: Some(limits.cpu_shares),
+        cpu_quota: limits.cpu_quota,
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
         oom_score_adj: Some(
             oom_score_adj(pod, c, node.memory_capacity).max(node.min_oom_score_adj),
@@ -734,6 +643,179 @@ pub fn container_config(
     })
 }
 
+/// The cgroup limits of a container, as upstream's `kuberuntime` computes
+/// them (`MilliCPUToShares`, `MilliCPUToQuota`).
+#[derive(Debug, PartialEq, Eq)]
+struct Limits {
+    /// Bytes; a limit past what the kernel takes saturates (no limit).
+    memory: Option<i64>,
+    cpu_shares: u64,
+    /// Microseconds per 100 ms period.
+    cpu_quota: Option<i64>,
+}
+
+/// Upstream's `MinShares`, `MaxShares`, `MinQuotaPeriod` (µs), and
+/// `QuotaPeriod` (µs).
+const MIN_SHARES: u128 = 2;
+const MAX_SHARES: u128 = 262_144;
+const MIN_QUOTA: u128 = 1000;
+const QUOTA_PERIOD: u128 = 100_000;
+
+impl Limits {
+    fn of(c: &Container) -> Limits {
+        let res = c.resources.clone().unwrap_or_default();
+        let lim = res.limits.unwrap_or_default();
+        let req = res.requests.unwrap_or_default();
+        let memory = lim
+            .get("memory")
+            .and_then(|q| parse_quantity(&q.0).ok())
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+        let cpu_limit = lim.get("cpu").map(|q| quantity_milli(&q.0));
+        let cpu_request = req.get("cpu").map(|q| quantity_milli(&q.0)).or(cpu_limit);
+        let shares = cpu_request.map_or(MIN_SHARES, |m| m * 1024 / 1000);
+        Limits {
+            memory,
+            cpu_shares: shares.clamp(MIN_SHARES, MAX_SHARES) as u64,
+            cpu_quota: cpu_limit.map(|m| {
+                let q = (m * QUOTA_PERIOD / 1000).max(MIN_QUOTA);
+                i64::try_from(q).unwrap_or(i64::MAX)
+            }),
+        }
+    }
+}
+
+/// The container's environment in order (envFrom first, so that env
+/// overrides it, as upstream), and the values by name for `$(VAR)`
+/// expansion.
+#[allow(clippy::type_complexity)]
+fn environment(
+    pod: &Pod,
+    c: &Container,
+    node: &NodeContext,
+    objects: &EnvObjects,
+) -> Result<(Vec<(String, String)>, BTreeMap<String, String>), ConfigError> {
+    let mut values: BTreeMap<String, String> = BTreeMap::new();
+    let mut ordered: Vec<(String, String)> = Vec::new();
+    let mut set = |k: String, v: String, values: &mut BTreeMap<String, String>| {
+        values.insert(k.clone(), v.clone());
+        ordered.retain(|(o, _)| *o != k);
+        ordered.push((k, v));
+    };
+    for ef in c.env_from.iter().flatten() {
+        for (k, v) in env_from(ef, objects)? {
+            set(k, v, &mut values);
+        }
+    }
+    let (ns, _) = namespace_and_name(pod);
+    for e in c.env.iter().flatten() {
+        let value = match &e.value_from {
+            Some(vf) => match env_value_from(pod, c, &e.name, vf, &ns, node, objects)? {
+                Some(v) => v,
+                None => continue,
+            },
+            None => expand(e.value.as_deref().unwrap_or(""), &values),
+        };
+        set(e.name.clone(), value, &mut values);
+    }
+    Ok((ordered, values))
+}
+
+/// The variables one `envFrom` source brings; invalid names are skipped
+/// (upstream also records an event).
+fn env_from(
+    ef: &k8s_openapi::api::core::v1::EnvFromSource,
+    objects: &EnvObjects,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let prefix = ef.prefix.clone().unwrap_or_default();
+    let (kind, name, optional) = match (&ef.config_map_ref, &ef.secret_ref) {
+        (Some(r), _) => (ObjectKind::ConfigMap, &r.name, r.optional == Some(true)),
+        (None, Some(r)) => (ObjectKind::Secret, &r.name, r.optional == Some(true)),
+        (None, None) => return Ok(Vec::new()),
+    };
+    let Some(data) = objects.get(kind, name) else {
+        if optional {
+            return Ok(Vec::new());
+        }
+        return Err(ConfigError(format!("{} {name:?} not found", kind.lower())));
+    };
+    Ok(data
+        .iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v.clone()))
+        .filter(|(k, _)| is_env_var_name(k))
+        .collect())
+}
+
+/// One `env[].valueFrom`: a field, a resource, or a ConfigMap/Secret key;
+/// `None`: an optional key that is absent (the variable is left out).
+fn env_value_from(
+    pod: &Pod,
+    c: &Container,
+    var: &str,
+    vf: &k8s_openapi::api::core::v1::EnvVarSource,
+    ns: &str,
+    node: &NodeContext,
+    objects: &EnvObjects,
+) -> Result<Option<String>, ConfigError> {
+    if let Some(f) = &vf.field_ref {
+        return field_ref(pod, &f.field_path, node)
+            .map(Some)
+            .ok_or_else(|| {
+                ConfigError(format!(
+                    "unsupported fieldRef {:?} in env {var}",
+                    f.field_path
+                ))
+            });
+    }
+    if let Some(r) = &vf.resource_field_ref {
+        return Ok(Some(resource_field(c, r, node)));
+    }
+    let key_ref = vf
+        .config_map_key_ref
+        .as_ref()
+        .map(|k| (ObjectKind::ConfigMap, &k.name, &k.key, k.optional))
+        .or(vf
+            .secret_key_ref
+            .as_ref()
+            .map(|k| (ObjectKind::Secret, &k.name, &k.key, k.optional)));
+    match key_ref {
+        Some((kind, name, key, optional)) => {
+            objects.key(kind, ns, name, key, optional == Some(true))
+        }
+        None => Ok(Some(String::new())),
+    }
+}
+
+/// A `resourceFieldRef` value: the request or limit over its divisor,
+/// rounded up.
+fn resource_field(
+    c: &Container,
+    r: &k8s_openapi::api::core::v1::ResourceFieldSelector,
+    node: &NodeContext,
+) -> String {
+    let res = c.resources.clone().unwrap_or_default();
+    let (kind, key) = match r.resource.split_once('.') {
+        Some((k, key)) => (k, key),
+        None => ("limits", r.resource.as_str()),
+    };
+    let map = if kind == "requests" {
+        res.requests
+    } else {
+        res.limits
+    }
+    .unwrap_or_default();
+    let divisor = r
+        .divisor
+        .as_ref()
+        .map_or(1000, |d| quantity_milli(&d.0).max(1));
+    match map.get(key) {
+        Some(q) => quantity_milli(&q.0).div_ceil(divisor).to_string(),
+        // Unset limits read as node allocatable upstream; the node's
+        // memory is what kinglet knows.
+        None if key == "memory" => node.memory_capacity.to_string(),
+        None => "0".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -744,6 +826,33 @@ mod tests {
     }
 
     const BASE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge, uid: u-1, labels: {app: web}}\n";
+
+    #[test]
+    fn limits_are_clamped_as_upstream() {
+        let limits = |lim: &str, req: &str| {
+            let p = pod(&format!(
+                "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{limits: {{{lim}}}, requests: {{{req}}}}}}}]}}"
+            ));
+            Limits::of(&p.spec.unwrap().containers[0])
+        };
+        let l = limits("cpu: 500m, memory: 64Mi", "");
+        assert_eq!(
+            l,
+            Limits {
+                memory: Some(64 << 20),
+                cpu_shares: 512,
+                cpu_quota: Some(50_000)
+            }
+        );
+        // The kernel refuses a quota under 1 ms: upstream's MinQuotaPeriod.
+        assert_eq!(limits("cpu: 1m", "").cpu_quota, Some(1000));
+        assert_eq!(limits("cpu: 1m", "").cpu_shares, 2);
+        // A limit past i64 is no limit, not a negative number.
+        assert_eq!(limits("memory: 9Ei", "").memory, Some(i64::MAX));
+        assert_eq!(limits("cpu: 1000k", "").cpu_shares, 262_144);
+        assert_eq!(limits("", "").cpu_shares, 2);
+        assert_eq!(limits("", "cpu: 250m").cpu_shares, 256);
+    }
 
     #[test]
     fn qos_classes_and_cgroups() {

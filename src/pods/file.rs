@@ -6,9 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
-use rustix::fs::inotify;
 use sha2::Digest as _;
-use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -113,66 +111,49 @@ pub async fn watch(
     if let Err(e) = std::fs::create_dir_all(&dir) {
         warn!(dir = %dir.display(), error = %e, "cannot create the static pod dir");
     }
-    let watch = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
-        .and_then(|fd| {
-            use inotify::WatchFlags as W;
-            inotify::add_watch(
-                &fd,
-                &dir,
-                W::CLOSE_WRITE | W::MOVED_TO | W::MOVED_FROM | W::DELETE | W::CREATE,
-            )?;
-            Ok(fd)
-        });
-    let _ = tx
-        .send(SourceUpdate {
+    use crate::dirwatch::{DirWatch, Flags};
+    let watch = DirWatch::new(
+        &dir,
+        Flags::CLOSE_WRITE | Flags::MOVED_TO | Flags::MOVED_FROM | Flags::DELETE | Flags::CREATE,
+    );
+    let snapshot = |dir: PathBuf, node: String| async move {
+        let pods = tokio::task::spawn_blocking(move || scan(&dir, &node))
+            .await
+            .unwrap_or_default();
+        SourceUpdate {
             source: "file",
-            pods: scan(&dir, &node_name),
-        })
+            pods,
+        }
+    };
+    let _ = tx
+        .send(snapshot(dir.clone(), node_name.clone()).await)
         .await;
     info!(dir = %dir.display(), "watching static pod manifests");
-    let fd = match watch {
-        Ok(fd) => fd,
+    let mut watch = match watch {
+        Ok(w) => w,
         Err(e) => {
             warn!(dir = %dir.display(), error = %e, "cannot watch the static pod dir; changes need a restart");
             return;
         }
     };
-    // SAFETY: the OwnedFd moves into the AsyncFd and stays open with it.
-    let Ok(afd) = (unsafe { AsyncFd::register(fd) }) else {
-        return;
-    };
-    let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 4096];
     loop {
-        let mut guard = tokio::select! {
+        let names = tokio::select! {
             _ = shutdown.cancelled() => return,
-            g = afd.readable() => match g { Ok(g) => g, Err(_) => return },
-        };
-        let mut relevant = false;
-        {
-            let mut reader = inotify::Reader::new(afd.get_ref(), &mut buf);
-            loop {
-                match reader.next() {
-                    Ok(ev) => {
-                        if ev
-                            .file_name()
-                            .is_some_and(|n| !n.to_bytes().starts_with(b"."))
-                        {
-                            relevant = true;
-                        }
-                    }
-                    Err(_) => {
-                        guard.clear_ready();
-                        break;
-                    }
+            n = watch.changed() => match n {
+                Ok(n) => n,
+                Err(e) => {
+                    warn!(dir = %dir.display(), error = %e, "the static pod dir watch broke; changes need a restart");
+                    return;
                 }
-            }
-        }
-        if relevant {
+            },
+        };
+        // Editors' and kinglet's own hidden temp files are no manifests.
+        if names
+            .iter()
+            .any(|n| !n.as_encoded_bytes().starts_with(b"."))
+        {
             let _ = tx
-                .send(SourceUpdate {
-                    source: "file",
-                    pods: scan(&dir, &node_name),
-                })
+                .send(snapshot(dir.clone(), node_name.clone()).await)
                 .await;
         }
     }

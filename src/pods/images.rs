@@ -6,16 +6,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kinglet_runtime::{PullAuth, Runtime, image};
+use kinglet_runtime::{PullAuth, Runtime, WaitingReason, image};
 use tokio::time::Instant;
 
 use super::convert::{self, ObjectKind, ObjectSource};
-use super::plan::Backoff;
+use super::plan::{Backoff, next_backoff};
 use super::report::Reporter;
 
 /// Why a container's image is not there yet: the waiting reason and
 /// message.
-pub type Waiting = (String, String);
+pub type Waiting = (WaitingReason, String);
 
 /// Pulls images for one pod's worker and keeps its pull back-off.
 pub struct ImageManager {
@@ -58,9 +58,10 @@ impl ImageManager {
             "Never" if !present => {
                 let msg =
                     format!("Container image \"{image}\" is not present with pull policy of Never");
-                rep.event(pod, "Warning", "ErrImageNeverPull", msg.clone())
+                let reason = WaitingReason::ErrImageNeverPull;
+                rep.event(pod, "Warning", reason.as_str(), msg.clone())
                     .await;
-                return Err(("ErrImageNeverPull".into(), msg));
+                return Err((reason, msg));
             }
             "Never" => false,
             "IfNotPresent" => !present,
@@ -79,7 +80,7 @@ impl ImageManager {
             .is_some_and(|b| b.left(Instant::now()).is_some())
         {
             return Err((
-                "ImagePullBackOff".into(),
+                WaitingReason::ImagePullBackOff,
                 format!("Back-off pulling image \"{image}\""),
             ));
         }
@@ -108,7 +109,7 @@ impl ImageManager {
                 Ok(())
             }
             Err(f) => {
-                let next = Backoff::after(self.backoff.get(image), Instant::now());
+                let next = next_backoff(self.backoff.get(image), Instant::now());
                 self.backoff.insert(image.to_string(), next);
                 let msg = format!("Failed to pull image \"{image}\": {}", f.message);
                 rep.event(pod, "Warning", "Failed", msg.clone()).await;

@@ -52,27 +52,16 @@ impl Clock {
     }
 }
 
-/// One back-off: how long, counted from when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub delay: Duration,
-    pub since: Instant,
-}
+pub use crate::backoff::Backoff;
 
-impl Backoff {
-    /// The next back-off after `prev` (10 s, doubling, capped), from `now`.
-    pub fn after(prev: Option<&Backoff>, now: Instant) -> Backoff {
-        Backoff {
-            delay: prev.map_or(BACKOFF_INITIAL, |b| (b.delay * 2).min(BACKOFF_MAX)),
-            since: now,
-        }
-    }
-
-    /// Time left at `now`, if any.
-    pub fn left(&self, now: Instant) -> Option<Duration> {
-        let passed = now.saturating_duration_since(self.since);
-        (passed < self.delay).then(|| self.delay - passed)
-    }
+/// The next container back-off after `prev` (10 s, doubling, capped at
+/// 5 min, as upstream's), counted from `now`.
+pub fn next_backoff(prev: Option<&Backoff>, now: Instant) -> Backoff {
+    let mut b = prev
+        .copied()
+        .unwrap_or_else(|| Backoff::steady(BACKOFF_INITIAL, BACKOFF_MAX));
+    b.step(now);
+    b
 }
 
 /// Back-offs a worker keeps per container name.
@@ -375,18 +364,20 @@ mod tests {
         assert_eq!(steps(&p, &[i], &b, 10 * S, now), [("i".into(), Step::Keep)]);
     }
 
+    fn backoff(delay: Duration, since: Instant) -> Backoff {
+        let mut b = Backoff::steady(BACKOFF_INITIAL, BACKOFF_MAX);
+        b.delay = delay;
+        b.since = since;
+        b
+    }
+
     #[test]
     fn crash_loop_waits_out_the_backoff_and_keeps_one_previous_attempt() {
         let now = Instant::now();
         let p = pod("Always", &[], &["a"]);
         let mut b = Backoffs::default();
-        b.restart.insert(
-            "a".into(),
-            Backoff {
-                delay: Duration::from_secs(20),
-                since: now,
-            },
-        );
+        b.restart
+            .insert("a".into(), backoff(Duration::from_secs(20), now));
         let old = ctr("a", 0, ContainerState::Exited, 1, 2 * S);
         let last = ctr("a", 1, ContainerState::Exited, 1, 10 * S);
         let cur = [old, last];
@@ -408,13 +399,7 @@ mod tests {
         let now = Instant::now();
         let p = pod("Always", &[], &["a"]);
         let mut b = Backoffs::default();
-        b.restart.insert(
-            "a".into(),
-            Backoff {
-                delay: BACKOFF_MAX,
-                since: now,
-            },
-        );
+        b.restart.insert("a".into(), backoff(BACKOFF_MAX, now));
         let mut c = ctr("a", 3, ContainerState::Exited, 1, 1000 * S);
         c.started_at = 0;
         let got = plan(&p, &[c], &b, 1001 * S, now);
@@ -433,7 +418,7 @@ mod tests {
         let now = Instant::now();
         let p = pod("Always", &[], &["a"]);
         let mut b = Backoffs::default();
-        b.failure.insert("a".into(), Backoff::after(None, now));
+        b.failure.insert("a".into(), next_backoff(None, now));
         assert_eq!(
             steps(&p, &[], &b, 0, now + Duration::from_secs(4)),
             [(
@@ -447,11 +432,11 @@ mod tests {
             steps(&p, &[], &b, 0, now + BACKOFF_INITIAL),
             [start("a", 0, &[])]
         );
-        let next = Backoff::after(b.failure.get("a"), now);
+        let next = next_backoff(b.failure.get("a"), now);
         assert_eq!(next.delay, Duration::from_secs(20));
         let mut d = None;
         for _ in 0..10 {
-            d = Some(Backoff::after(d.as_ref(), now));
+            d = Some(next_backoff(d.as_ref(), now));
         }
         assert_eq!(d.unwrap().delay, BACKOFF_MAX);
     }

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{
     ContainerStateWaiting, ContainerStatus as KStatus, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kinglet_runtime::{ContainerState, ContainerStatus};
+use kinglet_runtime::{ContainerState, ContainerStatus, WaitingReason};
+
+use super::images::Waiting;
 
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
@@ -43,10 +45,11 @@ fn terminated(c: &ContainerStatus, scheme: &str) -> KState {
 }
 
 /// A waiting state; `ContainerCreating` unless the worker set a reason.
-fn waiting_state(reason: Option<&str>, message: Option<&str>) -> KState {
+fn waiting_state(reason: Option<WaitingReason>, message: Option<&str>) -> KState {
+    let reason = reason.unwrap_or(WaitingReason::ContainerCreating);
     KState {
         waiting: Some(ContainerStateWaiting {
-            reason: Some(reason.unwrap_or("ContainerCreating").to_string()),
+            reason: Some(reason.as_str().to_string()),
             message: message.filter(|m| !m.is_empty()).map(String::from),
         }),
         ..Default::default()
@@ -58,14 +61,14 @@ fn container_status(
     name: &str,
     image: &str,
     all: &[ContainerStatus],
-    waiting: Option<&(String, String)>,
+    waiting: Option<&Waiting>,
     scheme: &str,
 ) -> KStatus {
     let tries = attempts(all, name);
     let latest = tries.first();
     let (state, last) = match latest {
         None => (
-            waiting_state(waiting.map(|w| w.0.as_str()), waiting.map(|w| w.1.as_str())),
+            waiting_state(waiting.map(|w| w.0), waiting.map(|w| w.1.as_str())),
             None,
         ),
         Some(c) => {
@@ -81,11 +84,11 @@ fn container_status(
                     prev,
                 ),
                 ContainerState::Exited if waiting.is_some() => (
-                    waiting_state(waiting.map(|w| w.0.as_str()), waiting.map(|w| w.1.as_str())),
+                    waiting_state(waiting.map(|w| w.0), waiting.map(|w| w.1.as_str())),
                     Some(terminated(c, scheme)),
                 ),
                 ContainerState::Exited => (terminated(c, scheme), prev),
-                _ => (waiting_state(waiting.map(|w| w.0.as_str()), None), prev),
+                _ => (waiting_state(waiting.map(|w| w.0), None), prev),
             }
         }
     };
@@ -135,27 +138,18 @@ pub fn pod_status(
     pod: &Pod,
     containers: &[ContainerStatus],
     sandbox_ready: bool,
-    waiting: &BTreeMap<String, (String, String)>,
+    waiting: &BTreeMap<String, Waiting>,
     at: &Placement<'_>,
 ) -> PodStatus {
-    let Placement {
-        host_ip,
-        pod_ip,
-        start_time,
-        scheme,
-    } = *at;
     let spec = pod.spec.clone().unwrap_or_default();
-    let policy = spec
-        .restart_policy
-        .clone()
-        .unwrap_or_else(|| "Always".into());
+    let policy = spec.restart_policy.as_deref().unwrap_or("Always");
     let status_of = |c: &k8s_openapi::api::core::v1::Container| {
         container_status(
             &c.name,
             c.image.as_deref().unwrap_or(""),
             containers,
             waiting.get(&c.name),
-            scheme,
+            at.scheme,
         )
     };
     let inits: Vec<KStatus> = spec
@@ -165,47 +159,75 @@ pub fn pod_status(
         .map(status_of)
         .collect();
     let mut regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
-
-    let init_done = |s: &KStatus| {
-        s.state
-            .as_ref()
-            .and_then(|st| st.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)
-    };
-    // Sidecars (restartPolicy Always init containers) count once running.
-    let sidecar = |name: &str| {
-        spec.init_containers
-            .iter()
-            .flatten()
-            .any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
-    };
-    let pending_inits: Vec<String> = inits
-        .iter()
-        .filter(|s| {
-            !(init_done(s)
-                || sidecar(&s.name) && s.state.as_ref().is_some_and(|st| st.running.is_some()))
-        })
-        .map(|s| s.name.clone())
-        .collect();
-    let init_failed_never = policy == "Never"
-        && inits.iter().any(|s| {
-            s.state
-                .as_ref()
-                .and_then(|st| st.terminated.as_ref())
-                .is_some_and(|t| t.exit_code != 0)
-        });
-    if !pending_inits.is_empty() {
+    let init = InitProgress::of(&spec, &inits, policy);
+    if !init.pending.is_empty() {
         for s in &mut regular {
             if let Some(w) = s.state.as_mut().and_then(|st| st.waiting.as_mut())
-                && w.reason.as_deref() == Some("ContainerCreating")
+                && w.reason.as_deref() == Some(WaitingReason::ContainerCreating.as_str())
             {
-                w.reason = Some("PodInitializing".into());
+                w.reason = Some(WaitingReason::PodInitializing.as_str().into());
             }
         }
     }
+    let phase = phase(&regular, policy, &init);
+    let (host_ip, pod_ip) = (at.host_ip, at.pod_ip);
+    PodStatus {
+        phase: Some(phase.into()),
+        conditions: Some(conditions(phase, &regular, &init, sandbox_ready)),
+        host_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
+        host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP {
+            ip: host_ip.into(),
+        }])
+        .filter(|_| !host_ip.is_empty()),
+        pod_ip: Some(pod_ip.to_string()).filter(|s| !s.is_empty()),
+        pod_ips: Some(vec![PodIP { ip: pod_ip.into() }]).filter(|_| !pod_ip.is_empty()),
+        start_time: Some(at.start_time.clone()),
+        init_container_statuses: (!inits.is_empty()).then_some(inits),
+        container_statuses: Some(regular),
+        qos_class: Some(super::convert::qos_class(pod).into()),
+        ..Default::default()
+    }
+}
 
-    let (mut running, mut waiting_n, mut stopped, mut succeeded) = (0, 0, 0, 0);
-    for s in &regular {
+/// Where the init containers are.
+struct InitProgress {
+    /// Init containers not yet done (a sidecar is done once running).
+    pending: Vec<String>,
+    /// One failed under `restartPolicy: Never`: the pod failed.
+    failed_never: bool,
+}
+
+impl InitProgress {
+    fn of(spec: &k8s_openapi::api::core::v1::PodSpec, inits: &[KStatus], policy: &str) -> Self {
+        let exit_code = |s: &KStatus| {
+            s.state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .map(|t| t.exit_code)
+        };
+        let sidecar = |name: &str| {
+            spec.init_containers
+                .iter()
+                .flatten()
+                .any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+        };
+        let running = |s: &KStatus| s.state.as_ref().is_some_and(|st| st.running.is_some());
+        InitProgress {
+            pending: inits
+                .iter()
+                .filter(|s| !(exit_code(s) == Some(0) || sidecar(&s.name) && running(s)))
+                .map(|s| s.name.clone())
+                .collect(),
+            failed_never: policy == "Never"
+                && inits.iter().any(|s| exit_code(s).is_some_and(|c| c != 0)),
+        }
+    }
+}
+
+/// The pod phase from its regular containers, as upstream's `getPhase`.
+fn phase(regular: &[KStatus], policy: &str, init: &InitProgress) -> &'static str {
+    let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in regular {
         let st = s.state.clone().unwrap_or_default();
         if st.running.is_some() {
             running += 1;
@@ -221,17 +243,17 @@ pub fn pod_status(
         {
             stopped += 1;
         } else {
-            waiting_n += 1;
+            waiting += 1;
         }
     }
-    let phase = if init_failed_never {
+    if init.failed_never {
         "Failed"
-    } else if !pending_inits.is_empty() || waiting_n > 0 {
+    } else if !init.pending.is_empty() || waiting > 0 {
         "Pending"
     } else if running > 0 {
         "Running"
     } else if stopped > 0 {
-        match policy.as_str() {
+        match policy {
             "Always" => "Running",
             _ if stopped == succeeded => "Succeeded",
             "Never" => "Failed",
@@ -239,12 +261,20 @@ pub fn pod_status(
         }
     } else {
         "Pending"
-    };
+    }
+}
 
-    let not_ready: Vec<String> = regular
+/// The five pod conditions with upstream's reasons and messages.
+fn conditions(
+    phase: &str,
+    regular: &[KStatus],
+    init: &InitProgress,
+    sandbox_ready: bool,
+) -> Vec<PodCondition> {
+    let not_ready: Vec<&str> = regular
         .iter()
         .filter(|s| !s.ready)
-        .map(|s| s.name.clone())
+        .map(|s| s.name.as_str())
         .collect();
     let completed = phase == "Succeeded" || phase == "Failed";
     let ready_reason = if completed {
@@ -253,52 +283,30 @@ pub fn pod_status(
         "ContainersNotReady"
     };
     let msg = format!("containers with unready status: [{}]", not_ready.join(" "));
-    let conditions = vec![
+    let ready = not_ready.is_empty() && !completed;
+    let init_reason = if completed {
+        "PodCompleted"
+    } else {
+        "ContainersNotInitialized"
+    };
+    vec![
         condition("PodReadyToStartContainers", sandbox_ready, None, None),
         condition(
             "Initialized",
-            pending_inits.is_empty() || completed && !init_failed_never,
-            Some(
-                if completed {
-                    "PodCompleted"
-                } else {
-                    "ContainersNotInitialized"
-                }
-                .into(),
-            ),
+            init.pending.is_empty() || completed && !init.failed_never,
+            Some(init_reason.into()),
             Some(format!(
                 "containers with incomplete status: [{}]",
-                pending_inits.join(" ")
+                init.pending.join(" ")
             )),
         ),
-        condition(
-            "Ready",
-            not_ready.is_empty() && !completed,
-            Some(ready_reason.into()),
-            Some(msg.clone()),
-        ),
+        condition("Ready", ready, Some(ready_reason.into()), Some(msg.clone())),
         condition(
             "ContainersReady",
-            not_ready.is_empty() && !completed,
+            ready,
             Some(ready_reason.into()),
             Some(msg),
         ),
         condition("PodScheduled", true, None, None),
-    ];
-    PodStatus {
-        phase: Some(phase.into()),
-        conditions: Some(conditions),
-        host_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
-        host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP {
-            ip: host_ip.into(),
-        }])
-        .filter(|_| !host_ip.is_empty()),
-        pod_ip: Some(pod_ip.to_string()).filter(|s| !s.is_empty()),
-        pod_ips: Some(vec![PodIP { ip: pod_ip.into() }]).filter(|_| !pod_ip.is_empty()),
-        start_time: Some(start_time.clone()),
-        init_container_statuses: (!inits.is_empty()).then_some(inits),
-        container_statuses: Some(regular),
-        qos_class: Some(super::convert::qos_class(pod).into()),
-        ..Default::default()
-    }
+    ]
 }

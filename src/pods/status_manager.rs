@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use super::api_writer::ApiWriter;
+use crate::fsutil::write_private_atomic;
 
 /// What `kinglet pods ls` reads: `<root-dir>/pods/<uid>.json`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -89,12 +90,6 @@ pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
         s
     };
     strip(a) == strip(b)
-}
-
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path)
 }
 
 fn record_path(dir: &Path, uid: &str) -> PathBuf {
@@ -231,7 +226,9 @@ impl StatusManager {
             status: status.clone(),
         };
         if let Ok(data) = serde_json::to_vec(&rec)
-            && let Err(e) = write_atomic(&record_path(&self.dir, uid), &data)
+            // Not flushed to disk: a record is a cache of the status (for
+            // `pods ls` and a restart), and a flush would block the task.
+            && let Err(e) = write_private_atomic(&record_path(&self.dir, uid), &data, false)
         {
             warn!(uid, error = %e, "cannot write the pod record");
         }

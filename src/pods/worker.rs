@@ -20,15 +20,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kinglet_runtime::{ContainerState, ContainerStatus, Runtime, SandboxConfig, SandboxStatus};
+use kinglet_runtime::{
+    ContainerState, ContainerStatus, Runtime, SandboxConfig, SandboxStatus, WaitingReason,
+};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::convert::{self, NodeContext, pod_name};
-use super::images::ImageManager;
-use super::plan::{self, Backoff, Backoffs, Step};
+use super::images::{ImageManager, Waiting};
+use super::plan::{self, Backoffs, Step};
 use super::pleg::PodCache;
 use super::report::{Report, Reporter};
 use super::status;
@@ -84,7 +86,7 @@ pub struct Worker {
     sandbox: Option<SandboxStatus>,
     backoffs: Backoffs,
     /// Waiting reasons and messages of containers that could not start.
-    waiting: BTreeMap<String, (String, String)>,
+    waiting: BTreeMap<String, Waiting>,
     start_time: Time,
     /// Set by the worker itself (the active deadline).
     own_kill: Option<KillRequest>,
@@ -347,7 +349,7 @@ impl Worker {
                 .event(pod, "Warning", "FailedMount", e.0.clone())
                 .await;
             for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-                let w = ("ContainerCreating".to_string(), e.0.clone());
+                let w = (WaitingReason::ContainerCreating, e.0.clone());
                 self.waiting.insert(c.name.clone(), w);
             }
             return Err(RETRY);
@@ -458,7 +460,8 @@ impl Worker {
             }
             Step::Start { attempt, remove } => {
                 if attempt > 0 && !self.backoffs.failure.contains_key(&c.name) {
-                    let next = Backoff::after(self.backoffs.restart.get(&c.name), Instant::now());
+                    let next =
+                        plan::next_backoff(self.backoffs.restart.get(&c.name), Instant::now());
                     self.backoffs.restart.insert(c.name.clone(), next);
                 }
                 for id in remove {
@@ -488,7 +491,7 @@ impl Worker {
         if self
             .waiting
             .get(&c.name)
-            .is_none_or(|w| w.0 != "CrashLoopBackOff")
+            .is_none_or(|w| w.0 != WaitingReason::CrashLoopBackOff)
         {
             let ev = format!(
                 "Back-off restarting failed container {} in pod {}",
@@ -498,7 +501,7 @@ impl Worker {
             self.rep.event(pod, "Warning", "BackOff", ev).await;
         }
         self.waiting
-            .insert(c.name.clone(), ("CrashLoopBackOff".into(), msg));
+            .insert(c.name.clone(), (WaitingReason::CrashLoopBackOff, msg));
     }
 
     /// Pulls, configures, creates and starts one container. A failure sets
@@ -523,7 +526,7 @@ impl Worker {
                 if !backoff {
                     return None;
                 }
-                let next = Backoff::after(self.backoffs.failure.get(&c.name), Instant::now());
+                let next = plan::next_backoff(self.backoffs.failure.get(&c.name), Instant::now());
                 self.backoffs.failure.insert(c.name.clone(), next);
                 Some(next.delay)
             }
@@ -538,11 +541,10 @@ impl Worker {
         sandbox_id: &str,
         c: &Container,
         attempt: u32,
-    ) -> Result<(), (String, String, bool)> {
+    ) -> Result<(), (WaitingReason, String, bool)> {
         if let Err((reason, msg)) = self.images.ensure(&self.rep, pod, c).await {
             // Pull failures have the image back-off of their own.
-            let own = matches!(reason.as_str(), "ErrImagePull" | "ImagePullBackOff");
-            return Err((reason, msg, !own));
+            return Err((reason, msg, !reason.is_pull_failure()));
         }
         let objects = super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
         let cfg = objects.and_then(|o| {
@@ -550,31 +552,42 @@ impl Worker {
         });
         let cfg = match cfg {
             Ok(cfg) => cfg,
-            Err(e) => return Err(self.failed(pod, "CreateContainerConfigError", e).await),
+            Err(e) => {
+                return Err(self
+                    .failed(pod, WaitingReason::CreateContainerConfigError, e)
+                    .await);
+            }
         };
         let id = match self.runtime.create_container(sandbox_id, &cfg, sb).await {
             Ok(id) => id,
             Err(e) => {
                 return Err(self
-                    .failed(pod, "CreateContainerError", e.to_string())
+                    .failed(pod, WaitingReason::CreateContainerError, e.to_string())
                     .await);
             }
         };
         let msg = format!("Created container {}", c.name);
         self.rep.event(pod, "Normal", "Created", msg).await;
         if let Err(e) = self.runtime.start_container(&id).await {
-            return Err(self.failed(pod, "RunContainerError", e.to_string()).await);
+            return Err(self
+                .failed(pod, WaitingReason::RunContainerError, e.to_string())
+                .await);
         }
         let msg = format!("Started container {}", c.name);
         self.rep.event(pod, "Normal", "Started", msg).await;
         Ok(())
     }
 
-    async fn failed(&self, pod: &Pod, reason: &str, message: String) -> (String, String, bool) {
+    async fn failed(
+        &self,
+        pod: &Pod,
+        reason: WaitingReason,
+        message: String,
+    ) -> (WaitingReason, String, bool) {
         self.rep
             .event(pod, "Warning", "Failed", format!("Error: {message}"))
             .await;
-        (reason.into(), message, true)
+        (reason, message, true)
     }
 
     /// Fills the message of containers that failed without writing their

@@ -341,7 +341,7 @@ impl Runtime for FakeRuntime {
             let mut s = self.lock();
             s.calls.push(format!("pull {image}"));
             s.images.get(image).cloned().ok_or_else(|| ImageFailure {
-                reason: "ErrImagePull".into(),
+                reason: crate::WaitingReason::ErrImagePull,
                 message: format!("{image}: not found"),
             })
         })

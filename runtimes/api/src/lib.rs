@@ -291,11 +291,59 @@ pub struct PullAuth {
     pub password: String,
 }
 
-/// Why an image could not be had; the reason maps onto the upstream
-/// waiting reasons (`ErrImagePull`, `InvalidImageName`, ...).
+/// Why a container waits: upstream's reasons (`pkg/kubelet/container` and
+/// `images/types.go`), spelled as upstream spells them in
+/// `state.waiting.reason` and in Events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WaitingReason {
+    ContainerCreating,
+    PodInitializing,
+    CrashLoopBackOff,
+    ErrImagePull,
+    ImagePullBackOff,
+    InvalidImageName,
+    ErrImageNeverPull,
+    CreateContainerConfigError,
+    CreateContainerError,
+    RunContainerError,
+}
+
+impl WaitingReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingReason::ContainerCreating => "ContainerCreating",
+            WaitingReason::PodInitializing => "PodInitializing",
+            WaitingReason::CrashLoopBackOff => "CrashLoopBackOff",
+            WaitingReason::ErrImagePull => "ErrImagePull",
+            WaitingReason::ImagePullBackOff => "ImagePullBackOff",
+            WaitingReason::InvalidImageName => "InvalidImageName",
+            WaitingReason::ErrImageNeverPull => "ErrImageNeverPull",
+            WaitingReason::CreateContainerConfigError => "CreateContainerConfigError",
+            WaitingReason::CreateContainerError => "CreateContainerError",
+            WaitingReason::RunContainerError => "RunContainerError",
+        }
+    }
+
+    /// A failure of the image pull itself (the pull back-off applies).
+    pub fn is_pull_failure(self) -> bool {
+        matches!(
+            self,
+            WaitingReason::ErrImagePull | WaitingReason::ImagePullBackOff
+        )
+    }
+}
+
+impl std::fmt::Display for WaitingReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an image could not be had: `ErrImagePull`, `InvalidImageName` or
+/// `ErrImageNeverPull`, and upstream's message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageFailure {
-    pub reason: String,
+    pub reason: WaitingReason,
     pub message: String,
 }
 

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ExecResult,
     FsUsage, ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError,
-    RuntimeStatus, RuntimeVersion, SandboxConfig, SandboxStatus, Usage,
+    RuntimeStatus, RuntimeVersion, SandboxConfig, SandboxStatus, Usage, WaitingReason,
 };
 use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
@@ -395,13 +395,13 @@ fn image_failure(image: &str, s: tonic::Status) -> ImageFailure {
     // containerd checks references with the same grammar upstream's kubelet
     // checks before pulling.
     let reason = if msg.contains("invalid reference format") {
-        "InvalidImageName"
+        WaitingReason::InvalidImageName
     } else {
-        "ErrImagePull"
+        WaitingReason::ErrImagePull
     };
     ImageFailure {
-        reason: reason.into(),
-        message: if reason == "InvalidImageName" {
+        reason,
+        message: if reason == WaitingReason::InvalidImageName {
             format!("Failed to apply default image tag {image:?}: {msg}")
         } else {
             msg
@@ -928,7 +928,7 @@ impl Runtime for CriRuntime {
                         return match self.image_status(image).await? {
                             Some(i) => Ok(i),
                             None => Err(ImageFailure {
-                                reason: "ErrImagePull".into(),
+                                reason: WaitingReason::ErrImagePull,
                                 message: format!("image {image:?} missing after its pull"),
                             }),
                         };
@@ -937,7 +937,7 @@ impl Runtime for CriRuntime {
                 }
             }
             Err(last.unwrap_or_else(|| ImageFailure {
-                reason: "ErrImagePull".into(),
+                reason: WaitingReason::ErrImagePull,
                 message: "no pull attempted".into(),
             }))
         })

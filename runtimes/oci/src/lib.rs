@@ -28,7 +28,7 @@ use std::time::Duration;
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
     ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
-    RuntimeVersion, SandboxConfig, SandboxStatus, Usage,
+    RuntimeVersion, SandboxConfig, SandboxStatus, Usage, WaitingReason,
 };
 use serde::{Deserialize, Serialize};
 
@@ -806,7 +806,7 @@ impl Runtime for OciRuntime {
                     ..Default::default()
                 }),
                 Err(e) => Err(ImageFailure {
-                    reason: e.reason().into(),
+                    reason: e.reason(),
                     message: e.to_string(),
                 }),
             }
@@ -822,12 +822,12 @@ impl Runtime for OciRuntime {
                 && !image.starts_with("sha256:")
             {
                 return Err(ImageFailure {
-                    reason: e.reason().into(),
+                    reason: e.reason(),
                     message: e.to_string(),
                 });
             }
             let index = self.store.read_index().map_err(|e| ImageFailure {
-                reason: "ErrImagePull".into(),
+                reason: WaitingReason::ErrImagePull,
                 message: e.to_string(),
             })?;
             Ok(index.find(image).map(|r| ImageInfo {

@@ -75,11 +75,12 @@ pub enum ImageError {
 
 impl ImageError {
     /// The container waiting reason the upstream kubelet reports for it.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> kinglet_runtime::WaitingReason {
+        use kinglet_runtime::WaitingReason as W;
         match self {
-            ImageError::InvalidName { .. } => "InvalidImageName",
-            ImageError::NotPresent(_) => "ErrImageNeverPull",
-            _ => "ErrImagePull",
+            ImageError::InvalidName { .. } => W::InvalidImageName,
+            ImageError::NotPresent(_) => W::ErrImageNeverPull,
+            _ => W::ErrImagePull,
         }
     }
 }
@@ -735,7 +736,7 @@ mod tests {
             "a/b:t@md5:00",
         ] {
             let e = parse_reference(bad).unwrap_err();
-            assert_eq!(e.reason(), "InvalidImageName", "{bad:?}");
+            assert_eq!(e.reason().as_str(), "InvalidImageName", "{bad:?}");
         }
     }
 
