@@ -53,6 +53,13 @@ impl Kubelet {
         );
         std::fs::create_dir_all(&s.root_dir)
             .with_context(|| format!("cannot create root dir {}", s.root_dir.display()))?;
+        // Root only: under it are pod specs, statuses and container configs,
+        // which can carry Secret values.
+        std::fs::set_permissions(
+            &s.root_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .with_context(|| format!("cannot make root dir {} private", s.root_dir.display()))?;
         let mut k = Kubelet {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),

@@ -267,6 +267,9 @@ pub struct Taint {
     pub effect: String,
 }
 
+/// The smallest `containerLogMaxSize` taken.
+const MIN_CONTAINER_LOG_MAX_SIZE: u64 = 1024;
+
 const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
 
 impl Taint {
@@ -596,8 +599,16 @@ impl KubeletConfiguration {
                 ),
             ));
         }
-        parse_quantity(&self.container_log_max_size)
+        let max_size = parse_quantity(&self.container_log_max_size)
             .map_err(|e| field_err("containerLogMaxSize", e))?;
+        // Below a kibibyte nearly every line would rotate the file (upstream
+        // takes any size; "0" or "1" is a typo, not a wish).
+        if max_size < MIN_CONTAINER_LOG_MAX_SIZE {
+            return Err(field_err(
+                "containerLogMaxSize",
+                format!("{:?} must be at least 1Ki", self.container_log_max_size),
+            ));
+        }
         if self.container_log_max_files < 2 {
             return Err(field_err(
                 "containerLogMaxFiles",
@@ -805,6 +816,8 @@ healthzPort: 10249
                 "imageGCLowThresholdPercent",
             ),
             ("containerLogMaxSize: huge", "containerLogMaxSize"),
+            ("containerLogMaxSize: \"0\"", "containerLogMaxSize"),
+            ("containerLogMaxSize: \"1\"", "containerLogMaxSize"),
             ("containerLogMaxFiles: 1", "containerLogMaxFiles"),
             ("clusterDNS: [not-an-ip]", "clusterDNS[0]"),
             ("clusterDomain: 'bad domain'", "clusterDomain"),

@@ -245,8 +245,31 @@ fn log_dir_name(pod: &Pod) -> String {
     format!("{ns}_{name}_{}", pod_uid(pod))
 }
 
+/// The pod's log dir as the sandbox gets it. Pods are validated before
+/// they get here; should a name still not make one plain directory, its
+/// unsafe characters become `_`, so the result stays under `root`.
 pub fn log_directory(pod: &Pod, root: &str) -> String {
-    format!("{}/{}", root.trim_end_matches('/'), log_dir_name(pod))
+    let name = log_dir_name(pod);
+    let name = match contained_child(std::path::Path::new(root), &name) {
+        Some(_) => name,
+        None => format!(
+            "_{}",
+            name.replace(
+                |c: char| !c.is_ascii_alphanumeric() && !"-_.".contains(c),
+                "_"
+            )
+        ),
+    };
+    format!("{}/{name}", root.trim_end_matches('/'))
+}
+
+/// `base/a/b/...`, each part one plain path component; `None` if any is
+/// not. Every host path kinglet builds from pod data goes through this or
+/// [`contained_child`].
+pub fn contained_path(base: &std::path::Path, parts: &[&str]) -> Option<std::path::PathBuf> {
+    parts
+        .iter()
+        .try_fold(base.to_path_buf(), |p, part| contained_child(&p, part))
 }
 
 /// `namespace/name`, for logs and messages.
@@ -487,12 +510,11 @@ pub fn volume_paths(
         // token) is mounted empty until token projection lands; the worker
         // reports it with a warning event.
         if v.empty_dir.is_some() || v.projected.is_some() {
-            let dir = format!(
-                "{}/{}/{}",
-                node.volume_root.trim_end_matches('/'),
-                pod_uid(pod),
-                v.name
-            );
+            let base = std::path::Path::new(&node.volume_root);
+            let dir = contained_path(base, &[&pod_uid(pod), &v.name]).ok_or_else(|| {
+                ConfigError(format!("volume {:?}: not a valid volume name", v.name))
+            })?;
+            let dir = dir.display().to_string();
             out.insert(v.name.clone(), (dir, Some("DirectoryOrCreate".into())));
         } else if let Some(h) = &v.host_path {
             out.insert(v.name.clone(), (h.path.clone(), h.type_.clone()));
@@ -534,10 +556,15 @@ pub fn prepare_volumes(pod: &Pod, node: &NodeContext) -> Result<(), ConfigError>
     Ok(())
 }
 
+/// The container's mounts: each volume's host dir, or the `subPath` (or
+/// `subPathExpr` expanded with the container's environment, as upstream)
+/// under it, created if missing. A sub path must stay inside its volume,
+/// after expansion and after symlinks the pod may have planted.
 fn volume_mounts(
     pod: &Pod,
     c: &Container,
     node: &NodeContext,
+    env: &BTreeMap<String, String>,
 ) -> Result<Vec<kinglet_runtime::Mount>, ConfigError> {
     let paths = volume_paths(pod, node)?;
     let mut out = Vec::new();
@@ -545,18 +572,16 @@ fn volume_mounts(
         let (path, _) = paths.get(&m.name).ok_or_else(|| {
             ConfigError(format!("volumeMount {:?}: no volume of that name", m.name))
         })?;
-        let mut host = path.clone();
-        if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-            if sub.split('/').any(|c| c == "..") || sub.starts_with('/') {
-                return Err(ConfigError(format!(
-                    "volumeMount {:?}: subPath {sub:?} must be a relative path without '..'",
-                    m.name
-                )));
-            }
-            host = format!("{host}/{sub}");
-            std::fs::create_dir_all(&host)
-                .map_err(|e| ConfigError(format!("subPath {host}: {e}")))?;
-        }
+        let sub = match (m.sub_path.as_deref(), m.sub_path_expr.as_deref()) {
+            (Some(s), _) if !s.is_empty() => s.to_string(),
+            (_, Some(e)) if !e.is_empty() => expand(e, env),
+            _ => String::new(),
+        };
+        let host = if sub.is_empty() {
+            path.clone()
+        } else {
+            sub_path(&m.name, path, &sub)?
+        };
         out.push(kinglet_runtime::Mount {
             host_path: host,
             container_path: m.mount_path.clone(),
@@ -564,6 +589,38 @@ fn volume_mounts(
         });
     }
     Ok(out)
+}
+
+/// `volume/sub`, created, and proven to resolve inside `volume`.
+fn sub_path(mount: &str, volume: &str, sub: &str) -> Result<String, ConfigError> {
+    super::validate::expanded_sub_path(sub)
+        .map_err(|msg| ConfigError(format!("volumeMount {mount:?}: subPath {sub:?} {msg}")))?;
+    let outside = || {
+        ConfigError(format!(
+            "volumeMount {mount:?}: subPath {sub:?} resolves outside of the volume"
+        ))
+    };
+    let root = std::fs::canonicalize(volume).map_err(|e| ConfigError(format!("{volume}: {e}")))?;
+    let inside = |p: &std::path::Path| std::fs::canonicalize(p).is_ok_and(|c| c.starts_with(&root));
+    // One component at a time, checking what exists before going on and
+    // creating only what does not: a symlink the pod planted is never
+    // followed out of the volume, not even to create a directory. (A pod
+    // racing this still could; upstream opens each component with openat.)
+    let mut host = root.clone();
+    for part in sub.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        host.push(part);
+        match std::fs::symlink_metadata(&host) {
+            Ok(_) if !inside(&host) => return Err(outside()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&host)
+                .map_err(|e| ConfigError(format!("subPath {}: {e}", host.display())))?,
+            Err(e) => return Err(ConfigError(format!("subPath {}: {e}", host.display()))),
+        }
+    }
+    if !inside(&host) {
+        return Err(outside());
+    }
+    Ok(format!("{}/{sub}", volume.trim_end_matches('/')))
 }
 
 /// The runtime's container config for `c`, restart number `attempt`.
@@ -612,7 +669,7 @@ pub fn container_config(
         gid,
         supplemental_groups: groups,
         log_path: format!("{}/{attempt}.log", c.name),
-        mounts: volume_mounts(pod, c, node)?,
+        mounts: volume_mounts(pod, c, node, &values)?,
         memory_limit: limits.memory,
         cpu_shares: Some(limits.cpu_shares),
         cpu_quota: limits.cpu_quota,
@@ -882,6 +939,73 @@ mod tests {
         assert_eq!(
             oom_score_adj(&b, &b.spec.as_ref().unwrap().containers[0], 2 << 30),
             750
+        );
+    }
+
+    /// Every place that builds a host path from pod data, fed names that
+    /// climb or are absolute (as if validation had been skipped): each
+    /// result stays under its base, or is refused.
+    #[test]
+    fn no_path_builder_leaves_its_base() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        let logs = root.join("logs");
+        let vols = root.join("volumes");
+        std::fs::create_dir_all(&vols).unwrap();
+        let node = NodeContext {
+            log_root: logs.display().to_string(),
+            volume_root: vols.display().to_string(),
+            ..Default::default()
+        };
+        let hostile = ["../../../../tmp/x", "/tmp/x", "..", ".", "a/../../b", ""];
+        for bad in hostile {
+            let p = pod(&format!(
+                "metadata: {{name: {bad:?}, namespace: {bad:?}, uid: {bad:?}}}\nspec: {{containers: [{{name: {bad:?}, image: x, env: [{{name: D, value: {bad:?}}}], volumeMounts: [{{name: v, mountPath: /v, subPathExpr: '$(D)'}}, {{name: v, mountPath: /w, subPath: {bad:?}}}]}}], volumes: [{{name: v, emptyDir: {{}}}}, {{name: {bad:?}, emptyDir: {{}}}}]}}"
+            ));
+            let dir = log_directory(&p, &node.log_root);
+            assert!(
+                std::path::Path::new(&dir).parent() == Some(logs.as_path()),
+                "{bad:?}: log dir {dir}"
+            );
+            if let Some(d) = pod_log_dir(&p, &node) {
+                assert_eq!(d.parent(), Some(logs.as_path()), "{bad:?}");
+            }
+            match volume_paths(&p, &node) {
+                Ok(v) => {
+                    for (dir, _) in v.values() {
+                        assert!(dir.starts_with(&*vols.to_string_lossy()), "{bad:?}: {dir}");
+                        assert!(!dir.contains("/../"), "{bad:?}: {dir}");
+                    }
+                }
+                Err(e) => assert!(e.0.contains("not a valid volume name"), "{bad:?}: {e:?}"),
+            }
+            assert!(
+                contained_path(&vols, &[bad, "v"]).is_none(),
+                "{bad:?} joined"
+            );
+        }
+        // Sub paths, literal or expanded, and a symlink the pod planted.
+        let vol = vols.join("u1/v");
+        std::fs::create_dir_all(&vol).unwrap();
+        let v = vol.display().to_string();
+        for bad in ["../x", "/etc", "a/../../x"] {
+            assert!(sub_path("m", &v, bad).is_err(), "{bad:?}");
+        }
+        std::os::unix::fs::symlink(d.path(), vol.join("escape")).unwrap();
+        let e = sub_path("m", &v, "escape/inner").unwrap_err();
+        assert!(e.0.contains("resolves outside of the volume"), "{e:?}");
+        assert!(
+            !d.path().join("inner").exists(),
+            "created through the symlink"
+        );
+        assert_eq!(
+            sub_path("m", &v, "ok/deep").unwrap(),
+            format!("{v}/ok/deep")
+        );
+        std::os::unix::fs::symlink("ok", vol.join("alias")).unwrap();
+        assert!(
+            sub_path("m", &v, "alias/x").is_ok(),
+            "a symlink inside is fine"
         );
     }
 

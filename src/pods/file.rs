@@ -11,13 +11,29 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::SourceUpdate;
+use super::{SourceUpdate, validate};
 
 /// Reads one manifest and makes it this node's static pod: name suffixed
 /// with the node name, UID derived from content and node (stable across
 /// restarts), `kubernetes.io/config.*` annotations as upstream sets them.
 pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
-    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    // Read at most one byte past the bound: a huge file costs nothing.
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(f, validate::MAX_MANIFEST_BYTES + 1),
+                &mut text,
+            )
+        })
+        .map_err(|e| err(&e))?;
+    if text.len() as u64 > validate::MAX_MANIFEST_BYTES {
+        return Err(err(&format!(
+            "a pod manifest must be at most {} bytes",
+            validate::MAX_MANIFEST_BYTES
+        )));
+    }
     let v: serde_json::Value =
         serde_saphyr::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut pod: Pod = serde_json::from_value(v)
@@ -31,26 +47,7 @@ pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
     let spec = pod
         .spec
         .as_mut()
-        .ok_or_else(|| format!("{}: spec is required", path.display()))?;
-    if spec.containers.is_empty() {
-        return Err(format!(
-            "{}: spec.containers: at least one container is required",
-            path.display()
-        ));
-    }
-    for c in spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-    {
-        if c.image.as_deref().is_none_or(str::is_empty) {
-            return Err(format!(
-                "{}: container {:?}: image is required",
-                path.display(),
-                c.name
-            ));
-        }
-    }
+        .ok_or_else(|| format!("{}: spec: Required value", path.display()))?;
     spec.node_name = Some(node_name.into());
     let mut h = sha2::Sha256::new();
     h.update(&text);
@@ -73,6 +70,7 @@ pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
     let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     ann.insert("kubernetes.io/config.source".into(), "file".into());
     ann.insert("kubernetes.io/config.hash".into(), uid);
+    validate::pod(&pod).map_err(|e| err(&e))?;
     Ok(pod)
 }
 
@@ -94,11 +92,20 @@ fn scan(dir: &Path, node_name: &str) -> Vec<Pod> {
             continue;
         }
         match load_manifest(&f, node_name) {
+            Ok(p) if pods.iter().any(|q| same_name(q, &p)) => warn!(
+                file = %f.display(),
+                pod = %super::convert::pod_name(&p),
+                "static pod manifest skipped: an earlier file (in name order) defines a pod of that name"
+            ),
             Ok(p) => pods.push(p),
             Err(e) => warn!(error = %e, "invalid static pod manifest skipped"),
         }
     }
     pods
+}
+
+fn same_name(a: &Pod, b: &Pod) -> bool {
+    a.metadata.name == b.metadata.name && a.metadata.namespace == b.metadata.namespace
 }
 
 /// Sends a snapshot now and after every change of `dir`.
@@ -184,20 +191,34 @@ mod tests {
         assert_eq!(a.spec.unwrap().node_name.as_deref(), Some("pi"));
 
         for (body, want) in [
-            ("kind: Pod\nmetadata: {name: x}\n", "spec is required"),
+            ("kind: Pod\nmetadata: {name: x}\n", "spec: Required value"),
             (
                 "kind: Pod\nmetadata: {name: x}\nspec: {containers: []}\n",
-                "at least one container",
+                "spec.containers: Required value",
             ),
             (
                 "kind: Pod\nmetadata: {name: x}\nspec: {containers: [{name: c}]}\n",
-                "image is required",
+                "spec.containers[0].image: Required value",
             ),
             (
                 "kind: Pod\nspec: {containers: [{name: c, image: i}]}\n",
                 "metadata.name is required",
             ),
             ("{{{", ""),
+            // What a mistyped or hostile manifest must never do: name a
+            // path (the log dir and the emptyDir are built from these).
+            (
+                "kind: Pod\nmetadata: {name: web}\nspec: {containers: [{name: /tmp/x, image: i}]}\n",
+                "spec.containers[0].name: Invalid value: \"/tmp/x\"",
+            ),
+            (
+                "kind: Pod\nmetadata: {name: web, namespace: ../../tmp}\nspec: {containers: [{name: c, image: i}]}\n",
+                "metadata.namespace: Invalid value",
+            ),
+            (
+                "kind: Pod\nmetadata: {name: ../web}\nspec: {containers: [{name: c, image: i}]}\n",
+                "metadata.name: Invalid value",
+            ),
         ] {
             std::fs::write(&f, body).unwrap();
             let e = load_manifest(&f, "pi").unwrap_err();
@@ -210,5 +231,16 @@ mod tests {
             1,
             "the invalid file is skipped, the valid one kept"
         );
+        // A second manifest naming the same pod is skipped (name order).
+        std::fs::write(d.path().join("zz.json"), r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"other","image":"i"}]}}"#).unwrap();
+        let pods = scan(d.path(), "pi");
+        assert_eq!(pods.len(), 1, "duplicate name kept once");
+        assert_eq!(pods[0].spec.as_ref().unwrap().containers[0].name, "c");
+        // A file past the bound is not even parsed.
+        let big = d.path().join("big.yaml");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(validate::MAX_MANIFEST_BYTES + 1).unwrap();
+        let e = load_manifest(&big, "pi").unwrap_err();
+        assert!(e.contains("must be at most"), "{e}");
     }
 }

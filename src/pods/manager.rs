@@ -15,7 +15,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::admit;
 use super::convert::{NodeContext, pod_name};
 use super::pleg::{self, Pleg};
 use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
@@ -23,6 +22,7 @@ use super::report::{Report, Reporter};
 use super::sources::{SourceUpdate, Sources};
 use super::status_manager::StatusManager;
 use super::worker::{KillRequest, Worker};
+use super::{admit, validate};
 
 /// How others ask for a pod to be stopped: eviction hands this a pod UID
 /// and a [`KillRequest`]; it never holds the pod manager. Eviction (#16)
@@ -169,6 +169,17 @@ impl PodManager {
                     *deleted = true;
                     self.status.terminated(uid, pod);
                 }
+            } else if let Err(e) = validate::pod(pod) {
+                // Refused before anything of it touches the disk.
+                let r = admit::Rejection {
+                    reason: validate::REASON.into(),
+                    message: e.to_string(),
+                };
+                self.reject(uid, pod, r);
+                if deleting && let Some(deleted) = self.rejected.get_mut(uid) {
+                    *deleted = true;
+                    self.status.terminated(uid, pod);
+                }
             } else if deleting {
                 // Deleted before it ever ran here (or while kinglet was
                 // down): a worker stops what runs and finishes the deletion.
@@ -218,15 +229,20 @@ impl PodManager {
                     .filter_map(|u| desired.get(u))
                     .collect();
             if let Err(r) = admit::admit(pod, &others, &self.allocatable) {
-                warn!(pod = %pod_name(pod), reason = %r.reason, "{}", r.message);
-                self.rejected.insert(uid.to_string(), false);
-                self.status.event(pod, "Warning", &r.reason, &r.message);
-                self.status.adopt(uid);
-                self.status.set(uid, pod, admit::rejected_status(&r));
+                self.reject(uid, pod, r);
                 return;
             }
         }
         self.start_worker(uid, pod, shutdown);
+    }
+
+    /// A pod that never runs here: failed with the reason, once.
+    fn reject(&mut self, uid: &str, pod: &Pod, r: admit::Rejection) {
+        warn!(pod = %pod_name(pod), reason = %r.reason, "{}", r.message);
+        self.rejected.insert(uid.to_string(), false);
+        self.status.event(pod, "Warning", &r.reason, &r.message);
+        self.status.adopt(uid);
+        self.status.set(uid, pod, admit::rejected_status(&r));
     }
 
     fn start_worker(&mut self, uid: &str, pod: &Pod, shutdown: &CancellationToken) {

@@ -12,6 +12,8 @@
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
 //! - [`status_manager`]: the single writer of pod statuses (local records
 //!   and, through [`api_writer`], the API), computed by [`status`];
+//! - [`validate`]: the one gate every pod (static or API) passes before
+//!   anything of it touches the disk;
 //! - [`images`] (pull policy, pull secrets, pull back-off), [`objects`]
 //!   (ConfigMaps and Secrets), [`image_gc`], [`convert`] (pod spec →
 //!   runtime configs), [`logs`], [`ls`] (`kinglet pods ls`).
@@ -37,6 +39,7 @@ pub mod report;
 pub mod sources;
 pub mod status;
 pub mod status_manager;
+pub mod validate;
 pub mod worker;
 
 #[cfg(test)]

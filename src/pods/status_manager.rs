@@ -92,13 +92,14 @@ pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
     strip(a) == strip(b)
 }
 
-fn record_path(dir: &Path, uid: &str) -> PathBuf {
-    dir.join(format!("{uid}.json"))
+/// `<dir>/<uid>.json`, if the UID makes one plain file name there.
+fn record_path(dir: &Path, uid: &str) -> Option<PathBuf> {
+    super::convert::contained_child(dir, &format!("{uid}.json"))
 }
 
 /// The previous run's record of a pod, if any (a restart adopts it).
 pub fn read_record(dir: &Path, uid: &str) -> Option<PodRecord> {
-    let b = std::fs::read(record_path(dir, uid)).ok()?;
+    let b = std::fs::read(record_path(dir, uid)?).ok()?;
     serde_json::from_slice(&b).ok()
 }
 
@@ -189,7 +190,9 @@ impl StatusManager {
     pub fn forget(&mut self, uid: &str) {
         self.latest.remove(uid);
         self.view.write().remove(uid);
-        let _ = std::fs::remove_file(record_path(&self.dir, uid));
+        if let Some(p) = record_path(&self.dir, uid) {
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     /// Drops the records of pods no source wants (after `SourcesReady`);
@@ -225,10 +228,13 @@ impl StatusManager {
                 .unwrap_or_else(|| "api".into()),
             status: status.clone(),
         };
+        let Some(path) = record_path(&self.dir, uid) else {
+            return;
+        };
         if let Ok(data) = serde_json::to_vec(&rec)
             // Not flushed to disk: a record is a cache of the status (for
             // `pods ls` and a restart), and a flush would block the task.
-            && let Err(e) = write_private_atomic(&record_path(&self.dir, uid), &data, false)
+            && let Err(e) = write_private_atomic(&path, &data, false)
         {
             warn!(uid, error = %e, "cannot write the pod record");
         }

@@ -70,11 +70,27 @@ impl RegistriesConfig {
         match std::fs::read_to_string(path) {
             Ok(text) if text.trim().is_empty() => Ok(Self::default()),
             Ok(text) => {
-                serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+                let cfg: Self = serde_saphyr::from_str(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                cfg.check_files()
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok(cfg)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(e) => Err(format!("{}: {e}", path.display())),
         }
+    }
+
+    /// Every `tls.ca_file` named must be readable now, so that a typo is
+    /// said at start, not at the first pull.
+    fn check_files(&self) -> Result<(), String> {
+        for (host, c) in &self.configs {
+            if let Some(f) = c.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
+                std::fs::File::open(f)
+                    .map_err(|e| format!("configs.{host}.tls.ca_file: {f}: {e}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// The endpoints to try for `registry`, mirrors first. Hosts on loopback
@@ -165,6 +181,29 @@ mod tests {
         ] {
             assert!(!is_loopback(h), "{h}");
         }
+    }
+
+    #[test]
+    fn a_missing_ca_file_is_refused_at_load() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("registries.yaml");
+        std::fs::write(
+            &f,
+            "configs:\n  reg.local:\n    tls: {ca_file: /nonexistent/ca.pem}\n",
+        )
+        .unwrap();
+        let e = RegistriesConfig::load(&f).unwrap_err();
+        assert!(
+            e.contains("configs.reg.local.tls.ca_file: /nonexistent/ca.pem"),
+            "{e}"
+        );
+        std::fs::write(d.path().join("ca.pem"), "x").unwrap();
+        let ok = format!(
+            "configs:\n  reg.local:\n    tls: {{ca_file: {}}}\n",
+            d.path().join("ca.pem").display()
+        );
+        std::fs::write(&f, ok).unwrap();
+        assert!(RegistriesConfig::load(&f).is_ok());
     }
 
     #[test]

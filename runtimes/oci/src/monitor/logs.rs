@@ -4,6 +4,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Lines longer than this are split into `P` (partial) records, as
@@ -25,7 +26,7 @@ impl LogFile {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = open_log(path)?;
         let size = file.metadata()?.len();
         Ok(LogFile {
             path: path.to_path_buf(),
@@ -63,13 +64,19 @@ impl LogFile {
         self.file = None;
         let _ = std::fs::rename(&self.path, &rotated);
         kinglet_runtime::logs::prune_rotated(&self.path, self.max_files);
-        self.file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .ok();
+        self.file = open_log(&self.path).ok();
         self.size = 0;
     }
+}
+
+/// A log file is 0640, as the kubelet's and containerd's: a container's
+/// output is its pod's business, not every local user's.
+fn open_log(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
 }
 
 /// Splits a stream's bytes into log records.
