@@ -9,18 +9,22 @@ use std::sync::Arc;
 use anyhow::Context;
 use kinglet_runtime_oci::images::auth::{Credentials, RegistriesConfig};
 use kinglet_runtime_oci::images::registry::Puller;
-use kinglet_runtime_oci::images::{ImageStore, Index, parse_reference};
+use kinglet_runtime_oci::images::{ImageStore, Index, UnpackLimits, parse_reference};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::flags::ImagesCommand;
+use crate::config::flags::{ImageLimits, ImagesCommand};
 
 /// The store under `<root-dir>/images`.
-pub fn open_store(root_dir: &Path) -> anyhow::Result<Arc<ImageStore>> {
+pub fn open_store(root_dir: &Path, limits: &ImageLimits) -> anyhow::Result<Arc<ImageStore>> {
     let dir = root_dir.join("images");
-    Ok(Arc::new(ImageStore::open(&dir).with_context(|| {
-        format!("cannot open the image store at {}", dir.display())
-    })?))
+    let store = ImageStore::open(&dir)
+        .with_context(|| format!("cannot open the image store at {}", dir.display()))?;
+    Ok(Arc::new(store.with_limits(UnpackLimits {
+        max_layer_bytes: limits.max_layer_bytes,
+        max_ratio: limits.max_ratio,
+        reserve_percent: limits.reserve_percent,
+    })))
 }
 
 pub fn puller(store: Arc<ImageStore>, registry_config: &Path) -> anyhow::Result<Puller> {
@@ -34,8 +38,9 @@ pub async fn command(
     cmd: ImagesCommand,
     root_dir: &Path,
     registry_config: &Path,
+    limits: &ImageLimits,
 ) -> anyhow::Result<()> {
-    let store = open_store(root_dir)?;
+    let store = open_store(root_dir, limits)?;
     match cmd {
         ImagesCommand::Import { files } => {
             for f in files {

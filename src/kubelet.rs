@@ -93,7 +93,7 @@ impl Kubelet {
         let log_max_size = config::parse_quantity(&cfg.container_log_max_size).unwrap_or(10 << 20);
         let log_max_files = cfg.container_log_max_files.max(2) as u32;
         if s.runtime == RuntimeKind::Oci {
-            let store = images::open_store(&s.root_dir)?;
+            let store = images::open_store(&s.root_dir, &s.image_limits)?;
             let runtime = start_oci(s, store.clone(), log_max_size, log_max_files).await?;
             return Ok(Started {
                 runtime,

@@ -57,11 +57,18 @@ fn main() -> ExitCode {
         Some(Command::Images(cmd)) => {
             install_tls();
             init_logging(&config::Logging::default());
-            let result = block_on(images::command(
-                cmd,
-                &flags.root_dir,
-                &flags.image_registry_config,
-            ));
+            // Outside the agent: upstream's default imagefs.available.
+            let result = flags
+                .image_limits(15)
+                .map_err(anyhow::Error::from)
+                .and_then(|limits| {
+                    block_on(images::command(
+                        cmd,
+                        &flags.root_dir,
+                        &flags.image_registry_config,
+                        &limits,
+                    ))
+                });
             exit("kinglet", result.map_err(|e| format!("{e:#}")))
         }
         Some(Command::Demo) => match demo::prepare(&flags.root_dir) {

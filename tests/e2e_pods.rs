@@ -122,6 +122,7 @@ crate::both_runtimes!(
     kill_9_of_kinglet_keeps_containers_and_readopts_them,
     active_deadline_fails_the_pod,
     bad_pods_get_upstream_reasons,
+    a_command_that_cannot_run_says_why,
     termination_messages_and_log_rotation,
     runtime_stats_and_images_of_a_running_node,
 );
@@ -533,6 +534,49 @@ async fn bad_pods_get_upstream_reasons(rt: Rt) {
         "invalid manifest not reported:\n{}",
         n.k.log()
     );
+    assert!(n.k.alive());
+}
+
+/// A command the kernel refuses to exec (missing, or an argument past
+/// MAX_ARG_STRLEN) is reported as upstream reports it through containerd:
+/// the attempt terminated with `StartError`, exit code 128, and the
+/// runtime's message; the pod waits in `RunContainerError`.
+async fn a_command_that_cannot_run_says_why(rt: Rt) {
+    let mut n = Node::start(rt);
+    n.apply("missing", &format!("  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [/no/such/tool]}}\n"));
+    let long = "x".repeat(1_200_000);
+    n.apply("long", &format!("  restartPolicy: Never\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'true', {long}]}}\n"));
+    let mut want = vec![("missing", "/no/such/tool")];
+    // runc reports an E2BIG from its init in its own words; the in-process
+    // runtime checks it before the start.
+    if rt == Rt::Oci {
+        want.push(("long", "argument list too long"));
+    }
+    for (pod, says) in want {
+        let r = n
+            .wait(pod, "StartError", 30, |s| {
+                s.container_statuses.iter().flatten().any(|c| {
+                    let last = c.state.as_ref().and_then(|st| st.terminated.as_ref());
+                    let prev = c.last_state.as_ref().and_then(|st| st.terminated.as_ref());
+                    last.or(prev)
+                        .is_some_and(|t| t.reason.as_deref() == Some("StartError"))
+                })
+            })
+            .await;
+        let c = container(&r.status, "c");
+        let t = c
+            .state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .or(c.last_state.as_ref().and_then(|st| st.terminated.as_ref()))
+            .unwrap();
+        assert_eq!(t.exit_code, 128, "{pod}: {t:?}");
+        let msg = t.message.as_deref().unwrap_or("");
+        assert!(
+            msg.contains(says),
+            "{pod}: message {msg:?} does not say {says:?}"
+        );
+    }
     assert!(n.k.alive());
 }
 

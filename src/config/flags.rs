@@ -165,6 +165,16 @@ pub struct Flags {
     #[arg(long, value_name = "DIR", default_value = "/var/log/pods")]
     pub pod_log_dir: PathBuf,
 
+    /// The most one image layer may unpack to (a quantity); a larger layer
+    /// is refused.
+    #[arg(long, global = true, value_name = "SIZE", default_value = "8Gi")]
+    pub image_max_layer_size: String,
+
+    /// The most one image layer may unpack to, as a multiple of its
+    /// compressed size (past 64 MiB): a decompression bomb is refused.
+    #[arg(long, global = true, value_name = "N", default_value_t = 100)]
+    pub image_max_layer_ratio: u64,
+
     /// Directory watched for image archives to import [default: <root-dir>/images/import].
     #[arg(long, value_name = "DIR")]
     pub image_import_dir: Option<PathBuf>,
@@ -206,6 +216,7 @@ pub struct Settings {
     pub pod_log_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     pub cni_bin_dirs: Vec<PathBuf>,
+    pub image_limits: ImageLimits,
 }
 
 impl Flags {
@@ -270,6 +281,10 @@ impl Flags {
         if !self.root_dir.is_absolute() {
             return Err(field_err("--root-dir", "must be an absolute path"));
         }
+        let reserve = match config.eviction_thresholds()?.hard.get("imagefs.available") {
+            Some(super::ThresholdValue::Percent(p)) => (p * 100.0).round() as u64,
+            Some(super::ThresholdValue::Quantity(_)) | None => 0,
+        };
         Ok(Settings {
             config,
             kubeconfig: self.kubeconfig.clone(),
@@ -291,8 +306,34 @@ impl Flags {
                 .image_import_dir
                 .clone()
                 .unwrap_or_else(|| self.root_dir.join("images/import")),
+            image_limits: self.image_limits(reserve)?,
         })
     }
+
+    /// The layer limits the flags set, keeping `reserve_percent` of the
+    /// image filesystem free.
+    pub fn image_limits(&self, reserve_percent: u64) -> Result<ImageLimits, ConfigError> {
+        let size = super::parse_quantity(&self.image_max_layer_size)
+            .map_err(|e| field_err("--image-max-layer-size", e))?;
+        if self.image_max_layer_ratio == 0 {
+            return Err(field_err("--image-max-layer-ratio", "must be at least 1"));
+        }
+        Ok(ImageLimits {
+            max_layer_bytes: size,
+            max_ratio: self.image_max_layer_ratio,
+            reserve_percent,
+        })
+    }
+}
+
+/// What one image layer may unpack to (see `--image-max-layer-size`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageLimits {
+    pub max_layer_bytes: u64,
+    pub max_ratio: u64,
+    /// Percent of the image filesystem kept free: the `imagefs.available`
+    /// hard eviction threshold when it is a percentage.
+    pub reserve_percent: u64,
 }
 
 /// A node name must be a DNS subdomain (RFC 1123), as the API server demands.

@@ -233,6 +233,92 @@ fn prepare_rootfs(
     Ok(true)
 }
 
+/// The kernel's `MAX_ARG_STRLEN`: one argument or environment string
+/// longer than this makes `execve` fail with E2BIG.
+const MAX_ARG_STRLEN: usize = 32 * 4096;
+
+/// What `execve` in the container would refuse, checked before the start:
+/// an argument list too long, an executable that is not there. The
+/// container's init reports neither (it exits 255 with an empty log), so
+/// the runtime says it, as runc does through containerd (`StartError`).
+pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
+    let spec: serde_json::Value = std::fs::read(dir.join("config.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or("the container's config.json is unreadable")?;
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let args = strings(&spec["process"]["args"]);
+    let env = strings(&spec["process"]["env"]);
+    let arg0 = args.first().ok_or("no command specified")?;
+    // SAFETY: sysconf has no preconditions.
+    let arg_max = usize::try_from(unsafe { libc::sysconf(libc::_SC_ARG_MAX) }).unwrap_or(0);
+    let total: usize = args.iter().chain(&env).map(|s| s.len() + 1 + 8).sum();
+    if args.iter().chain(&env).any(|s| s.len() >= MAX_ARG_STRLEN) || arg_max > 0 && total > arg_max
+    {
+        return Err(format!("exec: {arg0:?}: argument list too long"));
+    }
+    let path = env
+        .iter()
+        .find_map(|e| e.strip_prefix("PATH="))
+        .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let cwd = spec["process"]["cwd"].as_str().unwrap_or("/");
+    let candidates: Vec<String> = if arg0.contains('/') {
+        vec![if arg0.starts_with('/') {
+            arg0.clone()
+        } else {
+            format!("{cwd}/{arg0}")
+        }]
+    } else {
+        path.split(':')
+            .filter(|d| !d.is_empty())
+            .map(|d| format!("{d}/{arg0}"))
+            .collect()
+    };
+    let rootfs = dir.join("rootfs");
+    if candidates.iter().any(|c| executable_in(&rootfs, c)) {
+        return Ok(());
+    }
+    Err(if arg0.contains('/') {
+        format!("exec: {arg0:?}: stat {arg0}: no such file or directory")
+    } else {
+        format!("exec: {arg0:?}: executable file not found in $PATH")
+    })
+}
+
+/// Whether `path` names an executable regular file inside `rootfs`,
+/// resolved with the rootfs as `/` (symlinks included, never out of it).
+fn executable_in(rootfs: &Path, path: &str) -> bool {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let Ok(root) = rustix::fs::open(
+        rootfs,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let Ok(fd) = rustix::fs::openat2(
+        &root,
+        path.trim_start_matches('/'),
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT,
+    ) else {
+        return false;
+    };
+    rustix::fs::fstat(&fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+            && st.st_mode & 0o111 != 0
+    })
+}
+
 /// Unmounts the rootfs and removes the container's directory.
 pub(crate) fn teardown(dir: &Path) {
     let rootfs = dir.join("rootfs");

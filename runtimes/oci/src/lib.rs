@@ -93,6 +93,10 @@ struct ContainerMeta {
     /// The image's STOPSIGNAL; 0: SIGTERM.
     #[serde(default)]
     stop_signal: i32,
+    /// Why the start failed before the process ran (reported as an exit
+    /// with upstream's `StartError`), and when.
+    #[serde(default)]
+    start_error: Option<(String, i64)>,
 }
 
 fn rt_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
@@ -372,6 +376,68 @@ impl OciRuntime {
             let recheck = (deadline - now).min(Duration::from_secs(1));
             let _ = tokio::time::timeout(recheck, events.changed()).await;
         }
+    }
+}
+
+/// A container as CRI reports it, from the monitor's record and the meta
+/// kinglet wrote; a start refused before the process ran reads as an exit
+/// with code 128 and reason `StartError`, as containerd reports it.
+fn container_status(
+    r: monitor::ContainerRecord,
+    meta: ContainerMeta,
+    dir: &Path,
+) -> ContainerStatus {
+    let mut state = match r.status.as_str() {
+        "created" => ContainerState::Created,
+        "running" => ContainerState::Running,
+        "exited" => ContainerState::Exited,
+        _ => ContainerState::Unknown,
+    };
+    let mut finished_at = r.finished_at.unwrap_or(0);
+    let exit_code = r.exit_code.unwrap_or(if state == ContainerState::Exited {
+        255
+    } else {
+        0
+    });
+    let (reason, exit_code, message) = match (&meta.start_error, state) {
+        (Some((msg, at)), ContainerState::Created) => {
+            state = ContainerState::Exited;
+            finished_at = *at;
+            ("StartError", 128, msg.clone())
+        }
+        (_, ContainerState::Exited) => {
+            let reason = match () {
+                _ if r.oom_killed => "OOMKilled",
+                _ if r.exit_code.is_none() => "Unknown",
+                _ if exit_code == 0 => "Completed",
+                _ => "Error",
+            };
+            // Only an exited container has a message to report.
+            let message = std::fs::read(dir.join("termination-log"))
+                .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
+                .unwrap_or_default();
+            (reason, exit_code, message)
+        }
+        _ => ("", exit_code, String::new()),
+    };
+    ContainerStatus {
+        id: r.id,
+        sandbox_id: meta.sandbox_id,
+        pod_uid: meta.pod_uid,
+        name: meta.name,
+        attempt: meta.attempt,
+        image: meta.image,
+        image_ref: meta.image_ref,
+        image_id: meta.image_id,
+        state,
+        created_at: r.created_at,
+        started_at: r.started_at.unwrap_or(0),
+        finished_at,
+        exit_code,
+        reason: reason.into(),
+        message,
+        log_path: meta.log_path,
+        pid: r.pid,
     }
 }
 
@@ -672,6 +738,7 @@ impl Runtime for OciRuntime {
                 log_path: log_path.display().to_string(),
                 overlay,
                 stop_signal,
+                start_error: None,
             };
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("container meta", e))?;
@@ -693,6 +760,24 @@ impl Runtime for OciRuntime {
 
     fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
+            let dir = self.container_dir(id);
+            let checked = blocking(move || {
+                let Err(msg) = bundle::preflight(&dir) else {
+                    return Ok(Ok(()));
+                };
+                // Recorded, so the container reads as exited (StartError).
+                let path = dir.join("meta.json");
+                if let Some(mut meta) = read_json::<ContainerMeta>(&path) {
+                    let now = jiff::Timestamp::now().as_nanosecond() as i64;
+                    meta.start_error = Some((msg.clone(), now));
+                    write_json_atomic(&path, &meta).map_err(|e| rt_err("container meta", e))?;
+                }
+                Ok(Err(msg))
+            })
+            .await?;
+            if let Err(msg) = checked {
+                return Err(RuntimeError::Other(msg));
+            }
             self.monitor
                 .record(&Request::Start { id: id.into() })
                 .await
@@ -729,57 +814,11 @@ impl Runtime for OciRuntime {
                 .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
             let mut out = Vec::new();
             for r in records {
-                let Some(meta) =
-                    read_json::<ContainerMeta>(&self.container_dir(&r.id).join("meta.json"))
-                else {
+                let dir = self.container_dir(&r.id);
+                let Some(meta) = read_json::<ContainerMeta>(&dir.join("meta.json")) else {
                     continue;
                 };
-                let state = match r.status.as_str() {
-                    "created" => ContainerState::Created,
-                    "running" => ContainerState::Running,
-                    "exited" => ContainerState::Exited,
-                    _ => ContainerState::Unknown,
-                };
-                let exit_code = r.exit_code.unwrap_or(if state == ContainerState::Exited {
-                    255
-                } else {
-                    0
-                });
-                let reason = match state {
-                    ContainerState::Exited if r.oom_killed => "OOMKilled",
-                    ContainerState::Exited if r.exit_code.is_none() => "Unknown",
-                    ContainerState::Exited if exit_code == 0 => "Completed",
-                    ContainerState::Exited => "Error",
-                    _ => "",
-                };
-                // Only an exited container has a message to report.
-                let message = match state {
-                    ContainerState::Exited => {
-                        std::fs::read(self.container_dir(&r.id).join("termination-log"))
-                            .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
-                            .unwrap_or_default()
-                    }
-                    _ => String::new(),
-                };
-                out.push(ContainerStatus {
-                    id: r.id.clone(),
-                    sandbox_id: meta.sandbox_id,
-                    pod_uid: meta.pod_uid,
-                    name: meta.name,
-                    attempt: meta.attempt,
-                    image: meta.image,
-                    image_ref: meta.image_ref,
-                    image_id: meta.image_id,
-                    state,
-                    created_at: r.created_at,
-                    started_at: r.started_at.unwrap_or(0),
-                    finished_at: r.finished_at.unwrap_or(0),
-                    exit_code,
-                    reason: reason.into(),
-                    message,
-                    log_path: meta.log_path,
-                    pid: r.pid,
-                });
+                out.push(container_status(r, meta, &dir));
             }
             Ok(out)
         })

@@ -268,7 +268,34 @@ pub struct ImageStore {
     /// Whether layers are unpacked for overlayfs (else rootfs are flattened).
     overlay: bool,
     tmp_seq: AtomicU64,
+    limits: UnpackLimits,
 }
+
+/// What one layer may unpack to (kinglet's limits; containerd has none):
+/// at most `max_layer_bytes`, at most `max_ratio` times its compressed size
+/// (past a 64 MiB floor), and never into the `reserve_percent` of the image
+/// filesystem that the `imagefs.available` eviction threshold keeps free.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnpackLimits {
+    pub max_layer_bytes: u64,
+    pub max_ratio: u64,
+    pub reserve_percent: u64,
+}
+
+impl Default for UnpackLimits {
+    fn default() -> Self {
+        UnpackLimits {
+            max_layer_bytes: 8 << 30,
+            max_ratio: 100,
+            // Upstream's default evictionHard imagefs.available.
+            reserve_percent: 15,
+        }
+    }
+}
+
+/// Below this, the ratio limit does not apply: small layers of zeros or
+/// text compress far and are harmless.
+const RATIO_FLOOR: u64 = 64 << 20;
 
 /// Unreferenced blobs and layers younger than this are left alone: a pull in
 /// another process may have just renamed them into place.
@@ -287,13 +314,56 @@ impl ImageStore {
             root,
             overlay: unpack::overlay_supported(),
             tmp_seq: AtomicU64::new(0),
+            limits: UnpackLimits::default(),
         };
         store.clean_tmp();
         Ok(store)
     }
 
+    /// Sets the limits layers unpack under.
+    pub fn with_limits(mut self, limits: UnpackLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The budget of a layer whose blob is `compressed` bytes: the smallest
+    /// of the limits and the room left above the reserve now.
+    fn layer_budget(&self, compressed: u64) -> unpack::Budget {
+        let l = &self.limits;
+        let mut b = unpack::Budget {
+            bytes: l.max_layer_bytes,
+            why: format!("the layer size limit of {} bytes", l.max_layer_bytes),
+        };
+        let ratio = compressed.saturating_mul(l.max_ratio).max(RATIO_FLOOR);
+        if ratio < b.bytes {
+            b = unpack::Budget {
+                bytes: ratio,
+                why: format!(
+                    "{} times its compressed size of {compressed} bytes: a decompression bomb?",
+                    l.max_ratio
+                ),
+            };
+        }
+        if let Ok(st) = rustix::fs::statvfs(&self.root) {
+            let total = st.f_blocks.saturating_mul(st.f_frsize);
+            let free = st.f_bavail.saturating_mul(st.f_frsize);
+            let room = free.saturating_sub(total / 100 * l.reserve_percent);
+            if room < b.bytes {
+                b = unpack::Budget {
+                    bytes: room,
+                    why: format!(
+                        "the free space of {} above the {}% imagefs reserve",
+                        self.root.display(),
+                        l.reserve_percent
+                    ),
+                };
+            }
+        }
+        b
     }
 
     /// Whether layers are kept unpacked for overlayfs.
@@ -422,6 +492,7 @@ impl ImageStore {
         let fs = work.join("fs");
         std::fs::create_dir(&fs).map_err(io_err(&fs))?;
         let f = std::fs::File::open(&blob).map_err(io_err(&blob))?;
+        let budget = self.layer_budget(f.metadata().map_or(0, |m| m.len()));
         let unpack_err = |source| ImageError::Unpack {
             image: image.into(),
             layer: layer.blob.clone(),
@@ -430,7 +501,7 @@ impl ImageStore {
         let applied = unpack::decompress(f)
             .map_err(|e| unpack_err(unpack::UnpackError::Read(e)))
             .and_then(|r| {
-                unpack::apply_layer(r, &fs, unpack::Whiteouts::Overlay).map_err(unpack_err)
+                unpack::apply_layer(r, &fs, unpack::Whiteouts::Overlay, &budget).map_err(unpack_err)
             });
         let applied = match applied {
             Ok(a) => a,
@@ -508,8 +579,9 @@ impl ImageStore {
         for l in &record.layers {
             let blob = self.blob_path(&l.blob)?;
             let f = std::fs::File::open(&blob).map_err(io_err(&blob))?;
+            let budget = self.layer_budget(f.metadata().map_or(0, |m| m.len()));
             let r = unpack::decompress(f).map_err(io_err(&blob))?;
-            unpack::apply_layer(r, dest, unpack::Whiteouts::Apply).map_err(|source| {
+            unpack::apply_layer(r, dest, unpack::Whiteouts::Apply, &budget).map_err(|source| {
                 ImageError::Unpack {
                     image: record.id.clone(),
                     layer: l.blob.clone(),

@@ -33,6 +33,8 @@ pub enum UnpackError {
     Entry { path: String, source: io::Error },
     #[error("reading layer: {0}")]
     Read(#[source] io::Error),
+    #[error("layer is larger than {limit} bytes uncompressed ({why}); refusing the layer")]
+    TooLarge { limit: u64, why: String },
     #[error("openat2 is not available (Linux 5.6 or newer is needed to unpack images safely): {0}")]
     NoOpenat2(io::Error),
 }
@@ -72,18 +74,25 @@ pub fn decompress<'a, R: Read + 'a>(r: R) -> io::Result<Box<dyn Read + 'a>> {
     }
 }
 
-/// Counts and hashes what passes through.
+/// Counts and hashes what passes through, and stops past `limit` bytes.
 struct Hashing<R> {
     inner: R,
     hash: Sha256,
     bytes: u64,
+    limit: u64,
 }
+
+/// The error a read past the budget returns; recognized after the fact.
+const OVER_BUDGET: &str = "layer over its size budget";
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.hash.update(&buf[..n]);
         self.bytes += n as u64;
+        if self.bytes > self.limit {
+            return Err(io::Error::new(io::ErrorKind::FileTooLarge, OVER_BUDGET));
+        }
         Ok(n)
     }
 }
@@ -278,10 +287,54 @@ fn stamp(mtime: u64) -> Timestamps {
 }
 
 /// Applies one layer tar (already decompressed) below `dest`.
+/// How much one layer may unpack to, and which limit set it (for the
+/// message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub bytes: u64,
+    pub why: String,
+}
+
+impl Budget {
+    pub fn unlimited() -> Self {
+        Budget {
+            bytes: u64::MAX,
+            why: String::new(),
+        }
+    }
+}
+
+/// Applies a layer; past `budget` uncompressed bytes it stops with
+/// [`UnpackError::TooLarge`] (a decompression bomb, a full disk).
 pub fn apply_layer(
     reader: impl Read,
     dest: &Path,
     whiteouts: Whiteouts,
+    budget: &Budget,
+) -> Result<Applied, UnpackError> {
+    apply_layer_inner(reader, dest, whiteouts, budget.bytes).map_err(|e| {
+        let over = match &e {
+            UnpackError::Read(io) | UnpackError::Entry { source: io, .. } => {
+                io.kind() == io::ErrorKind::FileTooLarge && io.to_string() == OVER_BUDGET
+            }
+            _ => false,
+        };
+        if over {
+            UnpackError::TooLarge {
+                limit: budget.bytes,
+                why: budget.why.clone(),
+            }
+        } else {
+            e
+        }
+    })
+}
+
+fn apply_layer_inner(
+    reader: impl Read,
+    dest: &Path,
+    whiteouts: Whiteouts,
+    limit: u64,
 ) -> Result<Applied, UnpackError> {
     let w = RootWriter::open(dest, whiteouts).map_err(UnpackError::Read)?;
     // Probe openat2 once, so old kernels get one clear message.
@@ -291,6 +344,7 @@ pub fn apply_layer(
         inner: reader,
         hash: Sha256::new(),
         bytes: 0,
+        limit,
     };
     let mut archive = tar::Archive::new(hashing);
     let mut created: HashSet<Vec<u8>> = HashSet::new();
@@ -447,7 +501,15 @@ pub fn apply_layer(
                         Mode::empty(),
                         in_root(),
                     )
-                    .map_err(|e| err(e.into()))?;
+                    .map_err(|e| match e {
+                        // Resolved inside the root, as every target is: a
+                        // link to a host file finds nothing there.
+                        Errno::NOENT => UnpackError::Hostile {
+                            path: path_str.clone(),
+                            why: "hard link to a file not in the image",
+                        },
+                        e => err(e.into()),
+                    })?;
                     rustix::fs::linkat(&src, "", &parent, *name, AtFlags::EMPTY_PATH)
                         .map_err(|e| err(e.into()))?;
                 }
@@ -626,7 +688,7 @@ pub(crate) mod tests {
     ];
 
     fn apply(tar: &[u8], dest: &Path, mode: Whiteouts) -> Result<Applied, UnpackError> {
-        apply_layer(decompress(tar).unwrap(), dest, mode)
+        apply_layer(decompress(tar).unwrap(), dest, mode, &Budget::unlimited())
     }
 
     #[test]
@@ -688,6 +750,42 @@ pub(crate) mod tests {
             assert_eq!(apply(c, d.path(), Whiteouts::Apply).unwrap(), plain);
             assert_eq!(std::fs::read(d.path().join("a")).unwrap(), b"hello");
         }
+    }
+
+    #[test]
+    fn a_layer_past_its_budget_is_refused() {
+        let zeros = vec![0u8; 2 << 20];
+        let tar = TarBuf::default().file("bomb", &zeros, 0o644).finish();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &tar).unwrap();
+        let gz = gz.finish().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let budget = Budget {
+            bytes: 1 << 20,
+            why: "the test's limit".into(),
+        };
+        let e = apply_layer(
+            decompress(&gz[..]).unwrap(),
+            d.path(),
+            Whiteouts::Apply,
+            &budget,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "layer is larger than 1048576 bytes uncompressed (the test's limit); refusing the layer"
+        );
+        let ok = Budget {
+            bytes: 4 << 20,
+            why: String::new(),
+        };
+        apply_layer(
+            decompress(&gz[..]).unwrap(),
+            d.path(),
+            Whiteouts::Apply,
+            &ok,
+        )
+        .unwrap();
     }
 
     #[test]
@@ -793,7 +891,12 @@ pub(crate) mod tests {
         let t = TarBuf::default()
             .link(tar::EntryType::Link, "hl", &format!("{out}/victim"))
             .finish();
-        assert!(apply(&t, &root, Whiteouts::Apply).is_err());
+        let e = apply(&t, &root, Whiteouts::Apply).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("hard link to a file not in the image"),
+            "{e}"
+        );
 
         // Whiteouts cannot delete outside either.
         let t = TarBuf::default()
