@@ -45,8 +45,8 @@ struct Proc {
     agent: bool,
     rss: u64,
     pss: u64,
-    /// CPU time of all its threads, nanoseconds (schedstat).
-    cpu_ns: u64,
+    /// CPU time of each live thread, nanoseconds (schedstat), by TID.
+    threads: BTreeMap<u64, u64>,
 }
 
 /// The node's processes: command lines containing `pattern`.
@@ -87,25 +87,27 @@ fn processes(pattern: &str) -> Vec<Proc> {
         }
         // Nanosecond run time of each thread (clock ticks are too coarse
         // for agents that idle at a few ms per minute).
-        let cpu_ns = std::fs::read_dir(e.path().join("task"))
+        let threads = std::fs::read_dir(e.path().join("task"))
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|t| {
-                std::fs::read_to_string(t.path().join("schedstat"))
+                let tid = t.file_name().to_str()?.parse::<u64>().ok()?;
+                let ns = std::fs::read_to_string(t.path().join("schedstat"))
                     .ok()?
                     .split_whitespace()
                     .next()?
                     .parse::<u64>()
-                    .ok()
+                    .ok()?;
+                Some((tid, ns))
             })
-            .sum();
+            .collect();
         out.push(Proc {
             agent: name == "kinglet" || name == "kubelet",
             name,
             rss,
             pss,
-            cpu_ns,
+            threads,
         });
     }
     out
@@ -131,23 +133,33 @@ fn memory(pattern: &str, pods: usize) -> serde_json::Value {
 /// CPU milliseconds per minute of the agent and of its runtime side over
 /// `secs` of idling, with the window's wall-clock bounds (unix seconds).
 async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
-    let total = |agent: bool| -> u64 {
+    // Per thread: a thread that exits in the window (tokio's blocking pool
+    // lets idle threads go after 10 s) must not take its earlier run time
+    // out of the sum, so each thread counts its own growth only (a thread
+    // born in the window counts all of its run time).
+    let threads = |agent: bool| -> BTreeMap<u64, u64> {
         processes(pattern)
-            .iter()
+            .into_iter()
             .filter(|p| p.agent == agent)
-            .map(|p| p.cpu_ns)
-            .sum()
+            .flat_map(|p| p.threads)
+            .collect()
     };
-    let (a0, r0) = (total(true), total(false));
+    let (a0, r0) = (threads(true), threads(false));
     let start = jiff::Timestamp::now().as_second();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let end = jiff::Timestamp::now().as_second();
-    let (a1, r1) = (total(true), total(false));
+    let (a1, r1) = (threads(true), threads(false));
+    let grown = |before: &BTreeMap<u64, u64>, after: &BTreeMap<u64, u64>| -> u64 {
+        after
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(before.get(tid).copied().unwrap_or(0)))
+            .sum()
+    };
     let per_min = |d: u64| d as f64 / 1e6 * 60.0 / secs as f64;
     json!({
         "pods": pods, "seconds": secs, "start_unix": start, "end_unix": end,
-        "agent_cpu_ms_per_min": per_min(a1.saturating_sub(a0)),
-        "runtime_cpu_ms_per_min": per_min(r1.saturating_sub(r0)),
+        "agent_cpu_ms_per_min": per_min(grown(&a0, &a1)),
+        "runtime_cpu_ms_per_min": per_min(grown(&r0, &r1)),
     })
 }
 

@@ -26,6 +26,8 @@ pub mod api;
 pub mod api_writer;
 pub mod convert;
 pub mod file;
+#[cfg(test)]
+mod fuzz;
 pub mod image_gc;
 pub mod images;
 pub mod logs;

@@ -416,20 +416,9 @@ impl Monitor {
     }
 
     fn handle(&mut self, req: Request) -> Response {
-        let err = failed;
         match req {
             Request::Ping | Request::Watch => Response::Ok,
-            Request::Exit => {
-                if self.records.is_empty() {
-                    let _ = std::fs::remove_file(socket_path(&self.dir));
-                    eprintln!("{} monitor exiting on request", jiff::Timestamp::now());
-                    std::process::exit(0);
-                }
-                err(format!(
-                    "{} containers are still known; delete them first",
-                    self.records.len()
-                ))
-            }
+            Request::Exit => self.exit(),
             Request::List => Response::Records {
                 records: self.records.values().cloned().collect(),
             },
@@ -443,110 +432,129 @@ impl Monitor {
                 log_path,
                 log_max_size,
                 log_max_files,
-            } => {
-                if self.records.contains_key(&id) {
-                    return Response::Error {
-                        message: format!("container {id} already exists"),
-                        kind: ErrorKind::AlreadyExists,
-                    };
-                }
-                let pipes = (|| -> std::io::Result<_> {
-                    let (or, ow) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-                    let (er, ew) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-                    for fd in [&or, &er] {
-                        rustix::io::ioctl_fionbio(fd, true)?;
-                    }
-                    Ok((or, ow, er, ew, std::fs::File::open("/dev/null")?))
-                })();
-                let (or, ow, er, ew, null) = match pipes {
-                    Ok(p) => p,
-                    Err(e) => return err(format!("pipes: {e}")),
-                };
-                let log = match LogFile::open(&log_path, log_max_size, log_max_files) {
-                    Ok(l) => l,
-                    Err(e) => return err(format!("log {}: {e}", log_path.display())),
-                };
-                let oom_file = oom_file_for(&bundle);
-                let pid =
-                    match container::create(&self.state_root, &id, &bundle, null.into(), ow, ew) {
-                        Ok(p) => p,
-                        Err(e) => return err(e.to_string()),
-                    };
-                let before = oom_file.as_deref().map_or(0, oom_kills);
-                let r = ContainerRecord {
-                    id: id.clone(),
-                    pid,
-                    bundle,
-                    log_path,
-                    status: "created".into(),
-                    created_at: now_nanos(),
-                    oom_file,
-                    oom_kills_before: before,
-                    ..Default::default()
-                };
-                self.pids.insert(pid, id.clone());
-                self.logs.insert(id.clone(), log);
-                self.streams.push(Stream {
-                    fd: or,
-                    id: id.clone(),
-                    name: "stdout",
-                    split: LineSplitter::default(),
-                });
-                self.streams.push(Stream {
-                    fd: er,
-                    id: id.clone(),
-                    name: "stderr",
-                    split: LineSplitter::default(),
-                });
-                self.records.insert(id.clone(), r.clone());
-                self.persist(&id);
-                self.announce(&id, "created");
-                Response::Record { record: r }
-            }
-            Request::Start { id } => {
-                if !self.records.contains_key(&id) {
-                    return not_found(&id);
-                }
-                if let Err(e) = container::start(&self.state_root, &id) {
-                    return err(e.to_string());
-                }
-                let Some(r) = self.records.get_mut(&id) else {
-                    return not_found(&id);
-                };
-                if r.status == "created" {
-                    r.status = "running".into();
-                }
-                r.started_at = Some(now_nanos());
-                let r = r.clone();
-                self.persist(&id);
-                self.announce(&id, "running");
-                Response::Record { record: r }
-            }
-            Request::Kill { id, signal } => {
-                match self.records.get(&id) {
-                    None => return not_found(&id),
-                    Some(r) if r.status == "exited" => return Response::Ok,
-                    Some(_) => {}
-                }
-                match container::kill(&self.state_root, &id, signal) {
+            } => self.create(id, bundle, log_path, log_max_size, log_max_files),
+            Request::Start { id } => self.start(&id),
+            Request::Kill { id, signal } => match self.records.get(&id) {
+                None => not_found(&id),
+                Some(r) if r.status == "exited" => Response::Ok,
+                Some(_) => match container::kill(&self.state_root, &id, signal) {
                     Ok(()) => Response::Ok,
-                    Err(e) => err(e.to_string()),
-                }
-            }
-            Request::Delete { id } => {
-                if let Err(e) = container::delete(&self.state_root, &id) {
-                    return err(e.to_string());
-                }
-                self.reap();
-                if let Some(r) = self.records.remove(&id) {
-                    self.pids.remove(&r.pid);
-                }
-                self.streams.retain(|s| s.id != id);
-                self.logs.remove(&id);
-                let _ = std::fs::remove_file(self.record_path(&id));
-                self.announce(&id, "deleted");
-                Response::Ok
-            }
+                    Err(e) => failed(e.to_string()),
+                },
+            },
+            Request::Delete { id } => self.delete(&id),
         }
+    }
+
+    fn exit(&mut self) -> Response {
+        if self.records.is_empty() {
+            let _ = std::fs::remove_file(socket_path(&self.dir));
+            eprintln!("{} monitor exiting on request", jiff::Timestamp::now());
+            std::process::exit(0);
+        }
+        failed(format!(
+            "{} containers are still known; delete them first",
+            self.records.len()
+        ))
+    }
+
+    /// Creates the container with its output on two pipes the poll loop
+    /// reads into its log.
+    fn create(
+        &mut self,
+        id: String,
+        bundle: PathBuf,
+        log_path: PathBuf,
+        log_max_size: u64,
+        log_max_files: u32,
+    ) -> Response {
+        if self.records.contains_key(&id) {
+            return Response::Error {
+                message: format!("container {id} already exists"),
+                kind: ErrorKind::AlreadyExists,
+            };
+        }
+        let pipes = (|| -> std::io::Result<_> {
+            let (or, ow) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+            let (er, ew) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+            for fd in [&or, &er] {
+                rustix::io::ioctl_fionbio(fd, true)?;
+            }
+            Ok((or, ow, er, ew, std::fs::File::open("/dev/null")?))
+        })();
+        let (or, ow, er, ew, null) = match pipes {
+            Ok(p) => p,
+            Err(e) => return failed(format!("pipes: {e}")),
+        };
+        let log = match LogFile::open(&log_path, log_max_size, log_max_files) {
+            Ok(l) => l,
+            Err(e) => return failed(format!("log {}: {e}", log_path.display())),
+        };
+        let oom_file = oom_file_for(&bundle);
+        let pid = match container::create(&self.state_root, &id, &bundle, null.into(), ow, ew) {
+            Ok(p) => p,
+            Err(e) => return failed(e.to_string()),
+        };
+        let before = oom_file.as_deref().map_or(0, oom_kills);
+        let r = ContainerRecord {
+            id: id.clone(),
+            pid,
+            bundle,
+            log_path,
+            status: "created".into(),
+            created_at: now_nanos(),
+            oom_file,
+            oom_kills_before: before,
+            ..Default::default()
+        };
+        self.pids.insert(pid, id.clone());
+        self.logs.insert(id.clone(), log);
+        for (fd, name) in [(or, "stdout"), (er, "stderr")] {
+            self.streams.push(Stream {
+                fd,
+                id: id.clone(),
+                name,
+                split: LineSplitter::default(),
+            });
+        }
+        self.records.insert(id.clone(), r.clone());
+        self.persist(&id);
+        self.announce(&id, "created");
+        Response::Record { record: r }
+    }
+
+    fn start(&mut self, id: &str) -> Response {
+        if !self.records.contains_key(id) {
+            return not_found(id);
+        }
+        if let Err(e) = container::start(&self.state_root, id) {
+            return failed(e.to_string());
+        }
+        let Some(r) = self.records.get_mut(id) else {
+            return not_found(id);
+        };
+        if r.status == "created" {
+            r.status = "running".into();
+        }
+        r.started_at = Some(now_nanos());
+        let r = r.clone();
+        self.persist(id);
+        self.announce(id, "running");
+        Response::Record { record: r }
+    }
+
+    fn delete(&mut self, id: &str) -> Response {
+        if let Err(e) = container::delete(&self.state_root, id) {
+            return failed(e.to_string());
+        }
+        self.reap();
+        if let Some(r) = self.records.remove(id) {
+            self.pids.remove(&r.pid);
+        }
+        self.streams.retain(|s| s.id != id);
+        self.logs.remove(id);
+        let _ = std::fs::remove_file(self.record_path(id));
+        self.announce(id, "deleted");
+        Response::Ok
     }
 }
