@@ -311,7 +311,36 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
     })
     .await;
     assert_eq!(sel.status.unwrap().phase.as_deref(), Some("Failed"));
-    for s in ["cpu0", "cpu1", "cpu2", "sel"] {
+
+    // A pod the apiserver takes but no small node should run: refused by
+    // kinglet's own bound, with a reason and an event, never started.
+    let containers: Vec<String> = (0..101)
+        .map(|i| format!("  - {{name: c{i}, image: {BB}, imagePullPolicy: Never}}"))
+        .collect();
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-huge}}\nspec:\n  nodeName: {name}\n  containers:\n{}\n",
+        containers.join("\n")
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let huge = wait_for("InvalidPod", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-huge"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("InvalidPod"))
+    })
+    .await;
+    let st = huge.status.unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Failed"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("spec.containers: Too many: 101: must have at most 100 items")
+    );
+    assert!(
+        st.container_statuses
+            .is_none_or(|c| c.iter().all(|c| c.container_id.is_none()))
+    );
+    for s in ["cpu0", "cpu1", "cpu2", "sel", "huge"] {
         let _ = pods
             .delete(
                 &format!("{name}-{s}"),
@@ -371,6 +400,42 @@ async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
         .terminated
         .unwrap();
     assert_eq!(t.message.as_deref(), Some("hello s3cret two"));
+    // The Secret's value is on disk (the container's config, the pod's
+    // record of its termination message) but no local user but root reads
+    // it; the API checkpoint is root's only too.
+    let root = j.k.dir.path().join("root");
+    let nobody = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "grep",
+            "-rl",
+            "s3cret",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        nobody.stdout.is_empty(),
+        "nobody read: {}",
+        String::from_utf8_lossy(&nobody.stdout)
+    );
+    let by_root = std::process::Command::new("grep")
+        .args(["-rl", "s3cret"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert!(
+        !by_root.stdout.is_empty(),
+        "the value is expected on disk, for root"
+    );
+    let checkpoint = root.join("pods/api-checkpoint.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&checkpoint).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "{}", checkpoint.display());
     let waiting = wait_for(
         "CreateContainerConfigError",
         Duration::from_secs(30),

@@ -52,6 +52,45 @@ fn node_pod_requests(node: &str) -> BTreeMap<(String, String), usize> {
     out
 }
 
+/// For each pod deleted by someone else (the ReplicaSet controller), the
+/// node's requests on it from that deletion on: what one deletion costs.
+fn requests_per_deletion(node: &str, prefix: &str) -> BTreeMap<String, usize> {
+    let user = format!("system:node:{node}");
+    let audit = cluster_dir().join("logs/audit.log");
+    let text = std::fs::read_to_string(audit).unwrap_or_default();
+    let mut deleted_at: BTreeMap<String, String> = BTreeMap::new();
+    let mut node_reqs: Vec<(String, String)> = Vec::new();
+    for line in text.lines().filter(|l| l.contains(prefix)) {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let r = &e["objectRef"];
+        if e["stage"] != "ResponseComplete" || r["resource"] != "pods" {
+            continue;
+        }
+        let Some(name) = r["name"].as_str().filter(|n| n.starts_with(prefix)) else {
+            continue;
+        };
+        let at = e["requestReceivedTimestamp"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        if e["user"]["username"] == user.as_str() {
+            node_reqs.push((name.to_string(), at));
+        } else if e["verb"] == "delete" {
+            deleted_at.entry(name.to_string()).or_insert(at);
+        }
+    }
+    let mut out: BTreeMap<String, usize> = deleted_at.keys().map(|n| (n.clone(), 0)).collect();
+    for (name, at) in node_reqs {
+        // RFC 3339 timestamps in one zone compare as strings.
+        if deleted_at.get(&name).is_some_and(|d| at >= *d) {
+            *out.entry(name).or_default() += 1;
+        }
+    }
+    out
+}
+
 async fn scale(d: &Api<Deployment>, name: &str, n: usize) {
     let p = serde_json::json!({"spec": {"replicas": n}});
     d.patch(name, &PatchParams::default(), &Patch::Merge(&p))
@@ -188,6 +227,14 @@ async fn churn_deletes_each_pod_once_and_memory_stays_flat() {
         .map(|(_, c)| *c)
         .max()
         .unwrap_or(0);
+    let per_deletion = requests_per_deletion(&name, &name);
+    let most_per_deletion = per_deletion.values().copied().max().unwrap_or(0);
+    let mean_per_deletion =
+        per_deletion.values().sum::<usize>() as f64 / per_deletion.len().max(1) as f64;
+    eprintln!(
+        "figure: churn: node requests per pod deletion (from the controller's DELETE on): mean {mean_per_deletion:.2}, most {most_per_deletion}, over {} deletions",
+        per_deletion.len()
+    );
     let log = k.log();
     let removed: Vec<&str> = log.lines().filter(|l| l.contains("pod removed")).collect();
     let mut per_uid: BTreeMap<String, usize> = BTreeMap::new();
@@ -204,6 +251,15 @@ async fn churn_deletes_each_pod_once_and_memory_stays_flat() {
         count("patch"),
         (count("delete") + count("patch")) as f64 / deleted as f64,
         removed.len()
+    );
+    assert!(
+        most_per_deletion <= 2,
+        "a deletion cost the node {most_per_deletion} requests: {per_deletion:?}"
+    );
+    assert_eq!(
+        per_deletion.len(),
+        deleted,
+        "every deletion seen in the audit log"
     );
     assert!(
         most_deletes <= 2,

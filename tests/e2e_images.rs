@@ -406,17 +406,35 @@ fn hostile_archives_write_nothing_outside_the_store() {
 
     // A valid image whose layer escapes by `..`, by an absolute path and by
     // symlinks: `..` refuses the layer; the others stay inside the layer dir.
+    // A hard link to a host file is refused and says why; a layer past the
+    // size budget (set low here by the flag) too, without filling the disk.
+    std::fs::write(sentinel.join("victim"), b"safe").unwrap();
     let out = sentinel.display().to_string();
-    for (tag, layer, refused) in [
+    let big = vec![0u8; 2 << 20];
+    for (tag, layer, refused, says) in [
         (
             "dotdot",
             Layer::default().file("../../../../outside/evil1", b"x"),
             true,
+            "escapes",
+        ),
+        (
+            "hardlink",
+            Layer::default().hardlink("hl", &format!("{out}/victim")),
+            true,
+            "hard link to a file not in the image",
+        ),
+        (
+            "bomb",
+            Layer::default().file("zeros", &big),
+            true,
+            "layer is larger than 1048576 bytes uncompressed (the layer size limit of 1048576 bytes)",
         ),
         (
             "abs",
             Layer::default().file(&format!("{out}/evil2"), b"x"),
             false,
+            "",
         ),
         (
             "symlink",
@@ -426,6 +444,7 @@ fn hostile_archives_write_nothing_outside_the_store() {
                 .symlink("abs", &out)
                 .file("abs/evil4", b"x"),
             false,
+            "",
         ),
     ] {
         let src = tempfile::tempdir().unwrap();
@@ -438,7 +457,12 @@ fn hostile_archives_write_nothing_outside_the_store() {
             &format!("oci-archive:{}:hostile/{tag}:1", tarf.display()),
             &[],
         );
-        let o = cli.run(&["import", tarf.to_str().unwrap()]);
+        let o = cli.run(&[
+            "--image-max-layer-size",
+            "1Mi",
+            "import",
+            tarf.to_str().unwrap(),
+        ]);
         assert_eq!(
             !o.status.success(),
             refused,
@@ -446,17 +470,16 @@ fn hostile_archives_write_nothing_outside_the_store() {
             String::from_utf8_lossy(&o.stderr)
         );
         if refused {
-            assert!(
-                String::from_utf8_lossy(&o.stderr).contains("escapes"),
-                "{tag}"
-            );
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(says), "{tag}: {err}");
         }
     }
     assert_eq!(
         std::fs::read_dir(&sentinel).unwrap().count(),
-        0,
+        1,
         "something was written outside"
     );
+    assert_eq!(std::fs::read(sentinel.join("victim")).unwrap(), b"safe");
     // Nothing half-imported: only the two accepted images, no tmp left.
     let index = cli.index();
     assert_eq!(index.names.len(), 2, "{:?}", index.names);

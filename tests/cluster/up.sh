@@ -60,7 +60,8 @@ start etcd --name kinglet-test --data-dir "$CLUSTER_DIR/etcd" \
 wait_for etcd curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
 # Requests by nodes are audited (metadata only), so benchmarks can count
-# each node agent's API requests.
+# each node agent's API requests; pod deletions by anyone too, so a test can
+# count what the node does from a deletion on.
 cat > "$CLUSTER_DIR/audit-policy.yaml" <<'YAML'
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -68,6 +69,9 @@ omitStages: [RequestReceived]
 rules:
 - level: Metadata
   userGroups: ["system:nodes"]
+- level: Metadata
+  verbs: [delete]
+  resources: [{group: "", resources: [pods]}]
 - level: None
 YAML
 # As in production: the Node authorizer and NodeRestriction are on.

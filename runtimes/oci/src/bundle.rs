@@ -41,6 +41,8 @@ pub(crate) struct BundleInput {
 pub(crate) struct Made {
     pub overlay: bool,
     pub stop_signal: i32,
+    /// Why its process could not be exec'd (see [`preflight`]).
+    pub start_error: Option<String>,
 }
 
 /// Makes the bundle in `input.dir`; on failure the caller tears it down.
@@ -111,6 +113,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     Ok(Made {
         overlay,
         stop_signal: parse_signal(&ic.stop_signal),
+        start_error: preflight(dir).err(),
     })
 }
 
@@ -237,10 +240,11 @@ fn prepare_rootfs(
 /// longer than this makes `execve` fail with E2BIG.
 const MAX_ARG_STRLEN: usize = 32 * 4096;
 
-/// What `execve` in the container would refuse, checked before the start:
-/// an argument list too long, an executable that is not there. The
-/// container's init reports neither (it exits 255 with an empty log), so
-/// the runtime says it, as runc does through containerd (`StartError`).
+/// What `execve` in the container would refuse, checked once the bundle is
+/// made: an argument list too long, an executable that is not there. The
+/// container's init reports the first as an exit 255 with an empty log and
+/// libcontainer refuses the second at create in words of its own; kinglet
+/// reports both at the start, as containerd does (`StartError`).
 pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
     let spec: serde_json::Value = std::fs::read(dir.join("config.json"))
         .ok()

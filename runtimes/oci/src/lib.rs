@@ -295,6 +295,27 @@ impl OciRuntime {
         }
     }
 
+    /// The containers with a recorded start failure that the monitor does
+    /// not know (they never reached libcontainer).
+    fn start_failures(
+        &self,
+        known: &std::collections::HashSet<String>,
+    ) -> Vec<(String, ContainerMeta)> {
+        let Ok(rd) = std::fs::read_dir(self.dir.join("containers")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let id = e.file_name().to_str()?.to_string();
+                if known.contains(&id) {
+                    return None;
+                }
+                let meta = read_json::<ContainerMeta>(&e.path().join("meta.json"))?;
+                meta.start_error.is_some().then_some((id, meta))
+            })
+            .collect()
+    }
+
     /// Removes a container's directory (and unmounts its rootfs) off the
     /// async thread.
     async fn teardown_container_dir(&self, id: &str) {
@@ -714,6 +735,7 @@ impl Runtime for OciRuntime {
             let bundle::Made {
                 overlay,
                 stop_signal,
+                start_error,
             } = match made {
                 Ok(m) => m,
                 Err(e) => {
@@ -738,10 +760,19 @@ impl Runtime for OciRuntime {
                 log_path: log_path.display().to_string(),
                 overlay,
                 stop_signal,
-                start_error: None,
+                start_error: start_error
+                    .clone()
+                    .map(|m| (m, jiff::Timestamp::now().as_nanosecond() as i64)),
             };
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("container meta", e))?;
+            if start_error.is_some() {
+                // Never handed to libcontainer (it would refuse it with a
+                // message of its own): the start reports the reason, and the
+                // container reads as exited with StartError, as containerd's.
+                let _ = self.store.touch(&image.id);
+                return Ok(id);
+            }
             let req = Request::Create {
                 id: id.clone(),
                 bundle: dir.clone(),
@@ -760,22 +791,8 @@ impl Runtime for OciRuntime {
 
     fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
-            let dir = self.container_dir(id);
-            let checked = blocking(move || {
-                let Err(msg) = bundle::preflight(&dir) else {
-                    return Ok(Ok(()));
-                };
-                // Recorded, so the container reads as exited (StartError).
-                let path = dir.join("meta.json");
-                if let Some(mut meta) = read_json::<ContainerMeta>(&path) {
-                    let now = jiff::Timestamp::now().as_nanosecond() as i64;
-                    meta.start_error = Some((msg.clone(), now));
-                    write_json_atomic(&path, &meta).map_err(|e| rt_err("container meta", e))?;
-                }
-                Ok(Err(msg))
-            })
-            .await?;
-            if let Err(msg) = checked {
+            let meta = read_json::<ContainerMeta>(&self.container_dir(id).join("meta.json"));
+            if let Some((msg, _)) = meta.and_then(|m| m.start_error) {
                 return Err(RuntimeError::Other(msg));
             }
             self.monitor
@@ -813,12 +830,24 @@ impl Runtime for OciRuntime {
                 .await
                 .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
             let mut out = Vec::new();
+            let known: std::collections::HashSet<String> =
+                records.iter().map(|r| r.id.clone()).collect();
             for r in records {
                 let dir = self.container_dir(&r.id);
                 let Some(meta) = read_json::<ContainerMeta>(&dir.join("meta.json")) else {
                     continue;
                 };
                 out.push(container_status(r, meta, &dir));
+            }
+            // Containers whose start failed before libcontainer saw them.
+            for (id, meta) in self.start_failures(&known) {
+                let r = monitor::ContainerRecord {
+                    id: id.clone(),
+                    status: "created".into(),
+                    created_at: meta.start_error.as_ref().map_or(0, |e| e.1),
+                    ..Default::default()
+                };
+                out.push(container_status(r, meta, &self.container_dir(&id)));
             }
             Ok(out)
         })

@@ -181,7 +181,16 @@ impl RootWriter {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(e.into()),
                     }
-                    rustix::fs::openat2(&self.root, &prefix, dir_flags(), Mode::empty(), in_root())?
+                    // Still missing after the mkdir: a dangling symlink, whose
+                    // target resolved inside the image (never on the host).
+                    rustix::fs::openat2(&self.root, &prefix, dir_flags(), Mode::empty(), in_root())
+                        .map_err(|e| match e {
+                            Errno::NOENT => io::Error::new(
+                                io::ErrorKind::NotFound,
+                                "a parent is a symlink to a path not in the image (links resolve inside the image, never on the host)",
+                            ),
+                            e => e.into(),
+                        })?
                 }
                 Err(e) => return Err(e.into()),
             };
