@@ -241,6 +241,11 @@ async fn main() {
         if levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
             mem.push(memory(pattern, i + 1));
+            // Idle CPU at each level below the top (the top is measured
+            // once every pod was created, below).
+            if idle > 0 && i + 1 < total {
+                cpu.push(idle_cpu(pattern, idle, i + 1).await);
+            }
         }
     }
     if idle > 0 {

@@ -51,7 +51,8 @@ fn quick_benchmark_measures_all_three_nodes() {
         for metric in [
             "CPU idle at 0 pods: agent",
             "API requests idle at 0 pods",
-            "API requests idle at the top level",
+            "API requests idle at 10 pods",
+            "CPU idle at 10 pods: agent",
         ] {
             assert!(
                 value(metric).as_f64().is_some_and(|v| v >= 0.0),

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for p in openssl curl file qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static apache2-utils \
+for p in openssl curl file qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils \
     containerd runc containernetworking-plugins; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done

@@ -74,10 +74,19 @@ for lv in levels:
         lambda n, lv=lv: mem_at(n, lv, "agent_pss_kib") + mem_at(n, lv, "runtime_pss_kib"))
     add(f"memory at {lv} pods: node total RSS", "MiB",
         lambda n, lv=lv: mem_at(n, lv, "agent_rss_kib") + mem_at(n, lv, "runtime_rss_kib"))
-for i, label in ((0, "idle at 0 pods"), (-1, "idle at the top level")):
-    add(f"CPU {label}: agent", "ms/min", lambda n, i=i: n["cpu"][i]["agent_cpu_ms_per_min"])
-    add(f"CPU {label}: runtime side", "ms/min", lambda n, i=i: n["cpu"][i]["runtime_cpu_ms_per_min"])
-    add(f"API requests {label}", "req/min", lambda n, i=i: n["cpu"][i]["api_requests_per_min"])
+def cpu_at(n, pods, key):
+    for c in n["cpu"]:
+        if c["pods"] == pods:
+            return c[key]
+    return None
+
+
+cpu_levels = sorted({c["pods"] for n in nodes if "error" not in n for c in n["cpu"]})
+for lv in cpu_levels:
+    label = f"idle at {lv} pods"
+    add(f"CPU {label}: agent", "ms/min", lambda n, lv=lv: cpu_at(n, lv, "agent_cpu_ms_per_min"))
+    add(f"CPU {label}: runtime side", "ms/min", lambda n, lv=lv: cpu_at(n, lv, "runtime_cpu_ms_per_min"))
+    add(f"API requests {label}", "req/min", lambda n, lv=lv: cpu_at(n, lv, "api_requests_per_min"))
 add("pod startup p50", "ms", lambda n: n["startup_p50_ms"])
 add("pod startup p90", "ms", lambda n: n["startup_p90_ms"])
 add("pod startup p99", "ms", lambda n: n["startup_p99_ms"])

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the upstream node-conformance binaries at the release of the test
+# control plane (tests/cluster/go.mod): e2e.test, the ginkgo CLI at the
+# version k8s.io/kubernetes pins, agnhost and nnp (the nonewprivs image's
+# program). Cached outside the repo like the control plane:
+#   ${KINGLET_CACHE_DIR:-/var/cache/kinglet}/conformance-<version>-<key>/
+# Prints that directory last. Builds in a copy of go.mod/go.sum, so the
+# repo's files and the control plane's cache key stay untouched.
+set -euo pipefail
+cd "$(dirname "$0")/../cluster"
+recipe=1
+version=$(awk '/^require k8s.io\/kubernetes/ {print $3}' go.mod)
+agnhost_version=$(cat "$(go env GOMODCACHE)/k8s.io/kubernetes@$version/test/images/agnhost/VERSION" 2>/dev/null || echo 2.66.1)
+key=$( (cat go.mod go.sum; echo "conformance $recipe") | sha256sum | cut -c1-16)
+out=${KINGLET_CACHE_DIR:-/var/cache/kinglet}/conformance-$version-$key
+if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -x "$out/nnp" ]; then
+  echo "$out"
+  exit 0
+fi
+mkdir -p "$out"
+tmp=$(mktemp -d "$out/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cp go.mod go.sum "$tmp/"
+cat > "$tmp/tools.go" <<'GO'
+//go:build tools
+
+package cluster
+
+import (
+	_ "github.com/onsi/ginkgo/v2/ginkgo"
+	_ "k8s.io/kubernetes/test/e2e"
+	_ "k8s.io/kubernetes/test/images/agnhost"
+	_ "k8s.io/kubernetes/test/images/nonewprivs"
+)
+GO
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+cd "$tmp"
+commit=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -n1)
+minor=$(echo "$version" | cut -d. -f2)
+ld="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  ld+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitCommit=$commit -X $p.gitTreeState=clean"
+done
+echo "conformance: building e2e.test $version (long the first time)" >&2
+nice go test -c -trimpath -ldflags "$ld" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
+nice go build -trimpath -ldflags "-s -w" -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+nice go build -trimpath -ldflags "-s -w -X 'main.Version=$agnhost_version'" -o "$tmp/agnhost" k8s.io/kubernetes/test/images/agnhost
+nice go build -trimpath -ldflags "-s -w" -o "$tmp/nnp" k8s.io/kubernetes/test/images/nonewprivs
+echo "$agnhost_version" > "$tmp/agnhost.version"
+for f in e2e.test ginkgo agnhost nnp agnhost.version; do mv "$tmp/$f" "$out/$f"; done
+echo "$out"

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Builds, offline, the images the selected conformance specs use and pushes
+# them to the registry at REGISTRY (a local docker-registry), under the
+# names e2e.test expects through its KUBE_TEST_REPO_LIST (see run.sh):
+#   images.sh BIN_DIR REGISTRY        (BIN_DIR: what build.sh printed)
+# Built from Debian's busybox-static (with bash-static, curl and
+# netcat-openbsd for agnhost, which the network helpers call) and the Go
+# binaries build.sh made. Images whose upstream source cannot be built here
+# are listed by run.sh as such.
+set -euo pipefail
+bin=${1:?usage: images.sh BIN_DIR REGISTRY}
+reg=${2:?usage: images.sh BIN_DIR REGISTRY}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# A busybox rootfs in $1 (plus /etc/passwd and group with the users given).
+rootfs() {
+  local r=$1
+  mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/usr/local/bin"
+  chmod 1777 "$r/tmp"
+  cp /bin/busybox "$r/bin/busybox"
+  for app in $(/bin/busybox --list); do
+    [ "$app" = busybox ] || ln -sf busybox "$r/bin/$app"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$r/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' > "$r/etc/group"
+  printf 'hosts: files dns\n' > "$r/etc/nsswitch.conf"
+}
+
+# Copies a dynamic executable and the libraries it needs into rootfs $1.
+with_libs() {
+  local r=$1 exe=$2 dest=$3
+  mkdir -p "$r$(dirname "$dest")"
+  cp "$exe" "$r$dest"
+  for lib in $(ldd "$exe" | awk '/=>/ {print $3} /^\s*\/lib/ {print $1}'); do
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+  done
+}
+
+# image NAME:TAG BUILD_FN [umoci config flags...]: a one-layer image from
+# the rootfs BUILD_FN fills, pushed to the registry.
+image() {
+  local ref=$1 fill=$2
+  shift 2
+  local l="$work/layout" tag
+  tag=$(echo "$ref" | tr '/:' '__')
+  [ -d "$l" ] || umoci init --layout "$l"
+  umoci new --image "$l:$tag"
+  umoci unpack --image "$l:$tag" "$work/$tag" >/dev/null
+  "$fill" "$work/$tag/rootfs"
+  umoci repack --image "$l:$tag" "$work/$tag" >/dev/null
+  umoci config --image "$l:$tag" --config.env PATH=/usr/local/bin:/usr/bin:/bin "$@"
+  skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$l:$tag" "docker://$reg/$ref"
+  echo "image: $reg/$ref" >&2
+}
+
+fill_busybox() { rootfs "$1"; }
+fill_agnhost() {
+  rootfs "$1"
+  cp "$bin/agnhost" "$1/agnhost"
+  cp /bin/bash-static "$1/bin/bash" 2>/dev/null || true
+  [ -x /usr/bin/curl ] && with_libs "$1" /usr/bin/curl /usr/bin/curl
+  [ -x /bin/nc.openbsd ] && with_libs "$1" /bin/nc.openbsd /usr/bin/nc
+  return 0
+}
+fill_pause() {
+  rootfs "$1"
+  printf '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait; done\n' > "$1/pause"
+  chmod 755 "$1/pause"
+}
+fill_nonroot() {
+  rootfs "$1"
+  printf 'nonroot:x:1234:1234::/:/bin/sh\n' >> "$1/etc/passwd"
+  printf 'nonroot:x:1234:\n' >> "$1/etc/group"
+}
+fill_nonewprivs() {
+  rootfs "$1"
+  cp "$bin/nnp" "$1/usr/local/bin/nnp"
+  chmod 4755 "$1/usr/local/bin/nnp"
+  printf 'nonroot:x:1234:1234::/:/bin/sh\n' >> "$1/etc/passwd"
+}
+
+agnhost=$(cat "$bin/agnhost.version")
+image "e2e-test-images/agnhost:$agnhost" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
+image "e2e-test-images/agnhost:2.55" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
+image "e2e-test-images/busybox:1.37.0-2" fill_busybox --config.cmd sh
+image "pause:3.10.2" fill_pause --config.entrypoint /pause
+image "e2e-test-images/nonroot:1.5" fill_nonroot --config.user 1234 --config.cmd sh
+image "e2e-test-images/nonewprivs:1.4" fill_nonewprivs --config.user 1234 --config.cmd nnp
