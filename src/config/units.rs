@@ -174,7 +174,10 @@ pub fn parse_quantity_milli(s: &str) -> Result<u128, String> {
         e if e.starts_with(['e', 'E']) => (1, e[1..].parse().map_err(|_| bad())?),
         _ => return Err(bad()),
     };
-    let exp = exp + 3 - scale as i32;
+    let exp = exp
+        .checked_add(3)
+        .and_then(|e| e.checked_sub(scale as i32))
+        .ok_or_else(bad)?;
     let value = digits.checked_mul(bin).ok_or_else(bad)?;
     if exp >= 0 {
         10u128
@@ -260,6 +263,10 @@ mod tests {
         assert_eq!(parse_quantity("9Ei").unwrap(), 9 << 60);
         assert_eq!(parse_quantity("0.1").unwrap(), 1);
         assert_eq!(parse_quantity("+2k").unwrap(), 2000);
+        // Exponents past i32 or u128: refused, never wrapped.
+        for huge in ["1e2147483647", "1.0000e-2147483648", "1e40"] {
+            assert!(parse_quantity(huge).is_err(), "{huge}");
+        }
     }
 
     #[test]

@@ -421,10 +421,7 @@ pub fn reservations(
 }
 
 fn cpu_millis(v: &str) -> u64 {
-    match v.strip_suffix('m') {
-        Some(m) => m.parse().unwrap_or(0),
-        None => v.parse::<f64>().map_or(0, |c| (c * 1000.0).round() as u64),
-    }
+    crate::config::parse_quantity_milli(v).map_or(0, |m| u64::try_from(m).unwrap_or(u64::MAX))
 }
 
 /// The part of a status kinglet owns, in a form that compares equal when two

@@ -38,7 +38,11 @@ pub fn requests(pod: &Pod) -> (u128, u128) {
             .or_else(|| res.limits.as_ref().and_then(|m| m.get(r)))
             .map_or(0, |q| quantity_milli(&q.0))
     };
-    let sum = |r: &str| spec.containers.iter().map(|c| req(c, r)).sum::<u128>();
+    let sum = |r: &str| {
+        spec.containers
+            .iter()
+            .fold(0u128, |acc, c| acc.saturating_add(req(c, r)))
+    };
     let init = |r: &str| {
         spec.init_containers
             .iter()
@@ -122,9 +126,13 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
         });
     }
     let (cpu, mem) = requests(pod);
-    let used_cpu: u128 = admitted.iter().map(|p| requests(p).0).sum();
-    let used_mem: u128 = admitted.iter().map(|p| requests(p).1).sum();
-    if cpu > 0 && used_cpu + cpu > node.cpu_milli {
+    let used_cpu = admitted
+        .iter()
+        .fold(0u128, |a, p| a.saturating_add(requests(p).0));
+    let used_mem = admitted
+        .iter()
+        .fold(0u128, |a, p| a.saturating_add(requests(p).1));
+    if cpu > 0 && used_cpu.saturating_add(cpu) > node.cpu_milli {
         return Err(Rejection {
             reason: "OutOfcpu".into(),
             message: format!(
@@ -133,7 +141,7 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
             ),
         });
     }
-    if mem > 0 && used_mem + mem > node.memory {
+    if mem > 0 && used_mem.saturating_add(mem) > node.memory {
         return Err(Rejection {
             reason: "OutOfmemory".into(),
             message: format!(

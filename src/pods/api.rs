@@ -146,11 +146,7 @@ async fn write_checkpoint(path: &std::path::Path, pods: &[Pod]) {
 mod tests {
     use super::*;
 
-    fn pod(uid: &str) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.uid = Some(uid.into());
-        p
-    }
+    use crate::pods::test_pod as pod;
 
     #[test]
     fn snapshots_start_after_the_first_list_and_a_relist_replaces_them() {

@@ -729,12 +729,13 @@ impl Limits {
             .map(|v| i64::try_from(v).unwrap_or(i64::MAX));
         let cpu_limit = lim.get("cpu").map(|q| quantity_milli(&q.0));
         let cpu_request = req.get("cpu").map(|q| quantity_milli(&q.0)).or(cpu_limit);
-        let shares = cpu_request.map_or(MIN_SHARES, |m| m * 1024 / 1000);
+        let shares = cpu_request.map_or(MIN_SHARES, |m| m.saturating_mul(1024) / 1000);
         Limits {
             memory,
             cpu_shares: shares.clamp(MIN_SHARES, MAX_SHARES) as u64,
-            cpu_quota: cpu_limit.map(|m| {
-                let q = (m * QUOTA_PERIOD / 1000).max(MIN_QUOTA);
+            // A limit of 0 is no limit, as upstream's MilliCPUToQuota.
+            cpu_quota: cpu_limit.filter(|m| *m > 0).map(|m| {
+                let q = (m.saturating_mul(QUOTA_PERIOD) / 1000).max(MIN_QUOTA);
                 i64::try_from(q).unwrap_or(i64::MAX)
             }),
         }
@@ -909,6 +910,10 @@ mod tests {
         assert_eq!(limits("cpu: 1000k", "").cpu_shares, 262_144);
         assert_eq!(limits("", "").cpu_shares, 2);
         assert_eq!(limits("", "cpu: 250m").cpu_shares, 256);
+        assert_eq!(limits("cpu: \"0\"", "").cpu_quota, None, "0 is no limit");
+        // Past any real CPU count: clamped, never an overflow.
+        assert_eq!(limits("cpu: 1e35", "cpu: 1e35").cpu_shares, 262_144);
+        assert_eq!(limits("cpu: 1e35", "").cpu_quota, Some(i64::MAX));
     }
 
     #[test]

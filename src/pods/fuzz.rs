@@ -10,15 +10,26 @@ use std::path::Path;
 
 use super::convert::{self, NodeContext};
 
+/// What one input reached.
+#[derive(Debug, Default)]
+pub struct Reached {
+    /// The file source accepted the manifest.
+    pub accepted: bool,
+    /// A sub path was refused for leaving its volume.
+    pub sub_path_refused: bool,
+}
+
 /// One input: never panics, never creates a path outside `base`'s `root`.
-pub fn check(bytes: &[u8], base: &Path) {
+pub fn check(bytes: &[u8], base: &Path) -> Reached {
+    let mut reached = Reached::default();
     let manifests = base.join("manifests");
     let root = base.join("root");
     let file = manifests.join("fuzz.yaml");
     std::fs::write(&file, bytes).unwrap();
     let Ok(mut pod) = super::file::load_manifest(&file, "node") else {
-        return;
+        return reached;
     };
+    reached.accepted = true;
     // hostPath volumes are the host by design: not kinglet-built paths.
     if let Some(vols) = pod.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
         vols.retain(|v| v.host_path.is_none());
@@ -51,28 +62,44 @@ pub fn check(bytes: &[u8], base: &Path) {
     }
     let objects = convert::EnvObjects::default();
     for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-        if let Ok(cfg) = convert::container_config(&pod, c, 0, &node, &objects) {
-            let log = Path::new(&dir).join(&cfg.log_path);
-            assert!(under(&log.display().to_string()), "log {}", log.display());
-            for m in &cfg.mounts {
-                assert!(
-                    under(&m.host_path),
-                    "mount {} from {:?}",
-                    m.host_path,
-                    String::from_utf8_lossy(bytes)
-                );
+        match convert::container_config(&pod, c, 0, &node, &objects) {
+            Ok(cfg) => {
+                let log = Path::new(&dir).join(&cfg.log_path);
+                assert!(under(&log.display().to_string()), "log {}", log.display());
+                for m in &cfg.mounts {
+                    assert!(
+                        under(&m.host_path),
+                        "mount {} from {:?}",
+                        m.host_path,
+                        String::from_utf8_lossy(bytes)
+                    );
+                }
             }
+            Err(e) if e.0.contains("subPath") => reached.sub_path_refused = true,
+            Err(_) => {}
         }
     }
+    reached
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Seeds with placeholders: `%n` pod name, `%s` namespace, `%c`
+    /// container, `%d` the value of `D` (expanded into a subPathExpr), `%v`
+    /// volume, `%p` subPath. Each is filled with its default or a token.
     const SEEDS: &[&str] = &[
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge}\nspec: {containers: [{name: c, image: i, env: [{name: D, value: d}], volumeMounts: [{name: v, mountPath: /v, subPath: s}, {name: v, mountPath: /w, subPathExpr: '$(D)/x'}]}], volumes: [{name: v, emptyDir: {}}]}\n",
-        "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"j\"},\"spec\":{\"initContainers\":[{\"name\":\"i\",\"image\":\"i\"}],\"containers\":[{\"name\":\"c\",\"image\":\"i\"}],\"volumes\":[{\"name\":\"p\",\"projected\":{}}]}}",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: %n, namespace: %s}\nspec: {containers: [{name: %c, image: i, env: [{name: D, value: %d}], volumeMounts: [{name: %v, mountPath: /v, subPath: %p}, {name: %v, mountPath: /w, subPathExpr: '$(D)/x'}]}], volumes: [{name: %v, emptyDir: {}}]}\n",
+        "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":%n},\"spec\":{\"initContainers\":[{\"name\":%c,\"image\":\"i\"}],\"containers\":[{\"name\":\"main\",\"image\":\"i\",\"env\":[{\"name\":\"D\",\"value\":%d}],\"volumeMounts\":[{\"name\":%v,\"mountPath\":\"/p\",\"subPathExpr\":\"$(D)\"}]}],\"volumes\":[{\"name\":%v,\"projected\":{}}]}}",
+    ];
+    const DEFAULTS: &[(&str, &str)] = &[
+        ("%n", "web"),
+        ("%s", "edge"),
+        ("%c", "c"),
+        ("%d", "d"),
+        ("%v", "v"),
+        ("%p", "sp"),
     ];
 
     /// Names a hostile or unlucky user would try.
@@ -97,6 +124,7 @@ mod tests {
         "a..b",
         "9",
         "c",
+        "ok/../..",
     ];
 
     struct Rng(u64);
@@ -112,20 +140,21 @@ mod tests {
         }
     }
 
-    /// A seed with some names, values or bytes replaced.
+    /// A seed with each placeholder filled (a third of them with a token),
+    /// and now and then a byte flipped.
     fn mutate(rng: &mut Rng) -> Vec<u8> {
         let mut s = SEEDS[rng.below(SEEDS.len())].to_string();
-        for _ in 0..1 + rng.below(4) {
-            let words: Vec<&str> =
-                ["web", "edge", "c", "i", "v", "s", "d", "/v", "j", "p"].to_vec();
-            let w = words[rng.below(words.len())];
-            let t = TOKENS[rng.below(TOKENS.len())];
-            let quoted = format!("{t:?}");
-            s = s.replacen(&format!(" {w},"), &format!(" {quoted},"), 1);
-            s = s.replacen(&format!("\"{w}\""), &quoted, 1);
+        for (ph, default) in DEFAULTS {
+            let v = if rng.below(3) == 0 {
+                TOKENS[rng.below(TOKENS.len())]
+            } else {
+                default
+            };
+            // A JSON string is valid YAML too.
+            s = s.replace(ph, &serde_json::to_string(v).unwrap());
         }
         let mut b = s.into_bytes();
-        if rng.below(4) == 0 && !b.is_empty() {
+        if rng.below(8) == 0 && !b.is_empty() {
             let i = rng.below(b.len());
             b[i] = rng.next() as u8;
         }
@@ -141,15 +170,11 @@ mod tests {
         let base = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(base.path().join("manifests")).unwrap();
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let mut accepted = 0;
+        let (mut accepted, mut refused) = (0, 0);
         for _ in 0..iters {
-            let input = mutate(&mut rng);
-            check(&input, base.path());
-            if super::super::file::load_manifest(&base.path().join("manifests/fuzz.yaml"), "node")
-                .is_ok()
-            {
-                accepted += 1;
-            }
+            let r = check(&mutate(&mut rng), base.path());
+            accepted += usize::from(r.accepted);
+            refused += usize::from(r.sub_path_refused);
         }
         // Nothing next to root and manifests, nothing at the escape target:
         // no path left the root.
@@ -169,5 +194,7 @@ mod tests {
             accepted > iters / 20,
             "only {accepted} of {iters} inputs accepted"
         );
+        // ... and hostile expansions reach the sub path check.
+        assert!(refused > 0, "no subPathExpr escape was ever tried");
     }
 }

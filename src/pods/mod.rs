@@ -47,6 +47,14 @@ pub mod worker;
 #[cfg(test)]
 mod tests;
 
+/// An empty pod with just a UID, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_pod(uid: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = k8s_openapi::api::core::v1::Pod::default();
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
 pub use ls::table;
 #[cfg(test)]
 use manager::PodKiller;

@@ -66,11 +66,7 @@ impl Sources {
 mod tests {
     use super::*;
 
-    fn pod(uid: &str) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.uid = Some(uid.into());
-        p
-    }
+    use crate::pods::test_pod as pod;
 
     #[test]
     fn ready_only_once_every_source_reported() {

@@ -44,9 +44,8 @@ fn terminated(c: &ContainerStatus, scheme: &str) -> KState {
     }
 }
 
-/// A waiting state; `ContainerCreating` unless the worker set a reason.
-fn waiting_state(reason: Option<WaitingReason>, message: Option<&str>) -> KState {
-    let reason = reason.unwrap_or(WaitingReason::ContainerCreating);
+/// A waiting state: the worker's reason, else the default.
+fn waiting_state(reason: WaitingReason, message: Option<&str>) -> KState {
     KState {
         waiting: Some(ContainerStateWaiting {
             reason: Some(reason.as_str().to_string()),
@@ -62,15 +61,14 @@ fn container_status(
     image: &str,
     all: &[ContainerStatus],
     waiting: Option<&Waiting>,
+    default: WaitingReason,
     scheme: &str,
 ) -> KStatus {
+    let reason = waiting.map_or(default, |w| w.0);
     let tries = attempts(all, name);
     let latest = tries.first();
     let (state, last) = match latest {
-        None => (
-            waiting_state(waiting.map(|w| w.0), waiting.map(|w| w.1.as_str())),
-            None,
-        ),
+        None => (waiting_state(reason, waiting.map(|w| w.1.as_str())), None),
         Some(c) => {
             let prev = tries.get(1).map(|p| terminated(p, scheme));
             match c.state {
@@ -84,11 +82,11 @@ fn container_status(
                     prev,
                 ),
                 ContainerState::Exited if waiting.is_some() => (
-                    waiting_state(waiting.map(|w| w.0), waiting.map(|w| w.1.as_str())),
+                    waiting_state(reason, waiting.map(|w| w.1.as_str())),
                     Some(terminated(c, scheme)),
                 ),
                 ContainerState::Exited => (terminated(c, scheme), prev),
-                _ => (waiting_state(waiting.map(|w| w.0), None), prev),
+                _ => (waiting_state(reason, None), prev),
             }
         }
     };
@@ -143,12 +141,20 @@ pub fn pod_status(
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
+    // Upstream's default waiting reason, for init and regular containers
+    // alike: PodInitializing in a pod with init containers.
+    let default = if spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
+        WaitingReason::PodInitializing
+    } else {
+        WaitingReason::ContainerCreating
+    };
     let status_of = |c: &k8s_openapi::api::core::v1::Container| {
         container_status(
             &c.name,
             c.image.as_deref().unwrap_or(""),
             containers,
             waiting.get(&c.name),
+            default,
             at.scheme,
         )
     };
@@ -158,22 +164,21 @@ pub fn pod_status(
         .flatten()
         .map(status_of)
         .collect();
-    let mut regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
+    let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
     let init = InitProgress::of(&spec, &inits, policy);
-    if !init.pending.is_empty() {
-        for s in &mut regular {
-            if let Some(w) = s.state.as_mut().and_then(|st| st.waiting.as_mut())
-                && w.reason.as_deref() == Some(WaitingReason::ContainerCreating.as_str())
-            {
-                w.reason = Some(WaitingReason::PodInitializing.as_str().into());
-            }
-        }
-    }
     let phase = phase(&regular, policy, &init);
     let (host_ip, pod_ip) = (at.host_ip, at.pod_ip);
+    // PodObservedGenerationTracking (GA, locked on in 1.37): the status and
+    // each condition say which generation of the spec they describe.
+    let generation = pod.metadata.generation;
+    let mut conditions = conditions(phase, &regular, &init, sandbox_ready);
+    for c in &mut conditions {
+        c.observed_generation = generation;
+    }
     PodStatus {
         phase: Some(phase.into()),
-        conditions: Some(conditions(phase, &regular, &init, sandbox_ready)),
+        observed_generation: generation,
+        conditions: Some(conditions),
         host_ip: Some(host_ip.to_string()).filter(|s| !s.is_empty()),
         host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP {
             ip: host_ip.into(),
@@ -309,4 +314,64 @@ fn conditions(
         ),
         condition("PodScheduled", true, None, None),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status of a pod none of whose containers exist yet.
+    fn fresh_status(yaml: &str) -> PodStatus {
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let pod: Pod = serde_json::from_value(v).unwrap();
+        let t = Time(jiff::Timestamp::UNIX_EPOCH);
+        let at = Placement {
+            host_ip: "",
+            pod_ip: "",
+            start_time: &t,
+            scheme: "x://",
+        };
+        pod_status(&pod, &[], true, &BTreeMap::new(), &at)
+    }
+
+    fn waiting_reasons(yaml: &str) -> Vec<String> {
+        let s = fresh_status(yaml);
+        s.init_container_statuses
+            .iter()
+            .flatten()
+            .chain(s.container_statuses.iter().flatten())
+            .map(|c| {
+                let w = c.state.as_ref().unwrap().waiting.as_ref().unwrap();
+                w.reason.clone().unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn default_waiting_reasons_are_upstreams() {
+        assert_eq!(
+            waiting_reasons("metadata: {name: p}\nspec: {containers: [{name: a, image: x}]}"),
+            ["ContainerCreating"]
+        );
+        // With init containers, every container not yet created waits in
+        // PodInitializing, init ones included (upstream's
+        // convertToAPIContainerStatuses).
+        assert_eq!(
+            waiting_reasons(
+                "metadata: {name: p}\nspec: {initContainers: [{name: i, image: x}], containers: [{name: a, image: x}]}"
+            ),
+            ["PodInitializing", "PodInitializing"]
+        );
+    }
+
+    #[test]
+    fn status_and_conditions_carry_the_observed_generation() {
+        let s = fresh_status(
+            "metadata: {name: p, generation: 3}\nspec: {containers: [{name: a, image: x}]}",
+        );
+        assert_eq!(s.observed_generation, Some(3));
+        let conditions = s.conditions.unwrap();
+        assert_eq!(conditions.len(), 5);
+        assert!(conditions.iter().all(|c| c.observed_generation == Some(3)));
+    }
 }

@@ -146,10 +146,11 @@ impl CriRuntime {
         self.dir.join("pods").join(uid)
     }
 
-    /// Streams container events and wakes the pod manager on each; returns
-    /// when the runtime does not offer them (containerd before 1.7), which
-    /// leaves the one-second relist to find changes, as upstream's generic
-    /// PLEG does.
+    /// Streams container events and wakes the pod manager on each. While no
+    /// stream can be had (containerd before 1.7 has none; a restarting
+    /// containerd) it wakes the pod manager every second instead, which is
+    /// upstream's generic PLEG: the manager's own relist runs only every
+    /// 10 s for a runtime that offers events.
     pub async fn watch_events(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut delay = Duration::from_secs(1);
@@ -179,13 +180,23 @@ impl CriRuntime {
                 }
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     info!("container runtime has no container events: relisting every second");
-                    return;
+                    loop {
+                        tokio::select! {
+                            _ = &mut shutdown => return,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => self.changes.notify_one(),
+                        }
+                    }
                 }
                 Err(_) => {}
             }
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(delay) => {}
+            // Meanwhile, a relist every second (the stream's back-off can
+            // be long).
+            let until = tokio::time::Instant::now() + delay;
+            while tokio::time::Instant::now() < until {
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => self.changes.notify_one(),
+                }
             }
             delay = (delay * 2).min(Duration::from_secs(30));
         }

@@ -286,8 +286,28 @@ pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
             .map(|d| format!("{d}/{arg0}"))
             .collect()
     };
+    // A command in a volume (a script from a ConfigMap, a binary an init
+    // container left in an emptyDir) is not in the rootfs: the mounts are
+    // not made yet, so such a command is not checked here.
+    let mounted: Vec<String> = spec["mounts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["destination"].as_str())
+                .map(|d| d.trim_end_matches('/').to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    let in_volume = |c: &str| {
+        mounted
+            .iter()
+            .any(|m| !m.is_empty() && (c == m || c.starts_with(&format!("{m}/"))))
+    };
     let rootfs = dir.join("rootfs");
-    if candidates.iter().any(|c| executable_in(&rootfs, c)) {
+    if candidates
+        .iter()
+        .any(|c| in_volume(c) || executable_in(&rootfs, c))
+    {
         return Ok(());
     }
     Err(if arg0.contains('/') {
@@ -476,6 +496,49 @@ mod tests {
         assert_eq!(resolve_user("1000", d.path()), (1000, 1000));
         assert_eq!(resolve_user("app:staff", d.path()), (1000, 50));
         assert_eq!(resolve_user("42:7", d.path()), (42, 7));
+    }
+
+    #[test]
+    fn preflight_finds_what_exec_would_refuse() {
+        let d = tempfile::tempdir().unwrap();
+        let bin = d.path().join("rootfs/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("sh"), "#!").unwrap();
+        std::fs::set_permissions(
+            bin.join("sh"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::write(bin.join("data"), "x").unwrap();
+        let check = |args: serde_json::Value| {
+            let spec = serde_json::json!({
+                "process": {"args": args, "env": ["PATH=/bin"], "cwd": "/"},
+                "mounts": [{"destination": "/scripts", "type": "bind", "source": "/x"}],
+            });
+            std::fs::write(d.path().join("config.json"), spec.to_string()).unwrap();
+            preflight(d.path())
+        };
+        assert_eq!(check(serde_json::json!(["sh", "-c", "true"])), Ok(()));
+        assert_eq!(check(serde_json::json!(["/bin/sh"])), Ok(()));
+        assert_eq!(
+            check(serde_json::json!(["nope"])),
+            Err("exec: \"nope\": executable file not found in $PATH".into())
+        );
+        assert_eq!(
+            check(serde_json::json!(["/no/such/tool"])),
+            Err("exec: \"/no/such/tool\": stat /no/such/tool: no such file or directory".into())
+        );
+        assert!(
+            check(serde_json::json!(["data"])).is_err(),
+            "not executable"
+        );
+        // In a volume: the mounts are not made yet; exec decides.
+        assert_eq!(check(serde_json::json!(["/scripts/run.sh"])), Ok(()));
+        let long = "x".repeat(MAX_ARG_STRLEN);
+        assert_eq!(
+            check(serde_json::json!(["sh", long])),
+            Err("exec: \"sh\": argument list too long".into())
+        );
     }
 
     #[test]

@@ -221,12 +221,13 @@ impl OciRuntime {
         for d in ["sandboxes", "containers", "monitor"] {
             std::fs::create_dir_all(self.dir.join(d)).map_err(|e| rt_err("runtime dir", e))?;
         }
+        // Followed even if no monitor answers yet: the event task retries
+        // (and wakes the PLEG every second meanwhile).
+        self.events.follow(self.monitor.clone());
         self.monitor
             .ensure_running(exe, &self.dir.join("monitor"))
             .await
-            .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
-        self.events.follow(self.monitor.clone());
-        Ok(())
+            .map_err(|e| RuntimeError::Unavailable(e.to_string()))
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -295,27 +296,6 @@ impl OciRuntime {
         }
     }
 
-    /// The containers with a recorded start failure that the monitor does
-    /// not know (they never reached libcontainer).
-    fn start_failures(
-        &self,
-        known: &std::collections::HashSet<String>,
-    ) -> Vec<(String, ContainerMeta)> {
-        let Ok(rd) = std::fs::read_dir(self.dir.join("containers")) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| {
-                let id = e.file_name().to_str()?.to_string();
-                if known.contains(&id) {
-                    return None;
-                }
-                let meta = read_json::<ContainerMeta>(&e.path().join("meta.json"))?;
-                meta.start_error.is_some().then_some((id, meta))
-            })
-            .collect()
-    }
-
     /// Removes a container's directory (and unmounts its rootfs) off the
     /// async thread.
     async fn teardown_container_dir(&self, id: &str) {
@@ -331,7 +311,9 @@ impl OciRuntime {
     /// Waits for the monitor's exit event (with a 1 s re-check, in case the
     /// event stream is down) rather than polling.
     async fn stop(&self, id: &str, timeout: Duration) -> Result<(), RuntimeError> {
-        let signal = read_json::<ContainerMeta>(&self.container_dir(id).join("meta.json"))
+        let path = self.container_dir(id).join("meta.json");
+        let signal = blocking(move || Ok(read_json::<ContainerMeta>(&path)))
+            .await?
             .map(|m| m.stop_signal)
             .filter(|s| *s > 0)
             .unwrap_or(libc::SIGTERM);
@@ -398,6 +380,47 @@ impl OciRuntime {
             let _ = tokio::time::timeout(recheck, events.changed()).await;
         }
     }
+}
+
+/// The containers as CRI reports them: the monitor's records joined with
+/// the meta kinglet wrote (files under `containers`, read on the blocking
+/// pool), and the containers whose start failed before libcontainer saw
+/// them.
+fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<ContainerStatus> {
+    let mut out = Vec::new();
+    let known: std::collections::HashSet<String> = records.iter().map(|r| r.id.clone()).collect();
+    for r in records {
+        let dir = containers.join(&r.id);
+        let Some(meta) = read_json::<ContainerMeta>(&dir.join("meta.json")) else {
+            continue;
+        };
+        out.push(container_status(r, meta, &dir));
+    }
+    let Ok(rd) = std::fs::read_dir(containers) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(id) = e.file_name().to_str().map(String::from) else {
+            continue;
+        };
+        if known.contains(&id) {
+            continue;
+        }
+        let Some(meta) = read_json::<ContainerMeta>(&e.path().join("meta.json")) else {
+            continue;
+        };
+        let Some((_, at)) = meta.start_error else {
+            continue;
+        };
+        let r = monitor::ContainerRecord {
+            id: id.clone(),
+            status: "created".into(),
+            created_at: at,
+            ..Default::default()
+        };
+        out.push(container_status(r, meta, &e.path()));
+    }
+    out
 }
 
 /// A container as CRI reports it, from the monitor's record and the meta
@@ -764,12 +787,21 @@ impl Runtime for OciRuntime {
                     .clone()
                     .map(|m| (m, jiff::Timestamp::now().as_nanosecond() as i64)),
             };
-            write_json_atomic(&dir.join("meta.json"), &meta)
-                .map_err(|e| rt_err("container meta", e))?;
+            if let Err(e) = write_json_atomic(&dir.join("meta.json"), &meta) {
+                self.teardown_container_dir(&id).await;
+                return Err(rt_err("container meta", e));
+            }
             if start_error.is_some() {
                 // Never handed to libcontainer (it would refuse it with a
                 // message of its own): the start reports the reason, and the
                 // container reads as exited with StartError, as containerd's.
+                // Its rootfs is not needed any more.
+                let rootfs = dir.join("rootfs");
+                let _ = blocking(move || {
+                    let _ = rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::DETACH);
+                    Ok(())
+                })
+                .await;
                 let _ = self.store.touch(&image.id);
                 return Ok(id);
             }
@@ -791,7 +823,8 @@ impl Runtime for OciRuntime {
 
     fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
-            let meta = read_json::<ContainerMeta>(&self.container_dir(id).join("meta.json"));
+            let path = self.container_dir(id).join("meta.json");
+            let meta = blocking(move || Ok(read_json::<ContainerMeta>(&path))).await?;
             if let Some((msg, _)) = meta.and_then(|m| m.start_error) {
                 return Err(RuntimeError::Other(msg));
             }
@@ -829,27 +862,8 @@ impl Runtime for OciRuntime {
                 .list()
                 .await
                 .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
-            let mut out = Vec::new();
-            let known: std::collections::HashSet<String> =
-                records.iter().map(|r| r.id.clone()).collect();
-            for r in records {
-                let dir = self.container_dir(&r.id);
-                let Some(meta) = read_json::<ContainerMeta>(&dir.join("meta.json")) else {
-                    continue;
-                };
-                out.push(container_status(r, meta, &dir));
-            }
-            // Containers whose start failed before libcontainer saw them.
-            for (id, meta) in self.start_failures(&known) {
-                let r = monitor::ContainerRecord {
-                    id: id.clone(),
-                    status: "created".into(),
-                    created_at: meta.start_error.as_ref().map_or(0, |e| e.1),
-                    ..Default::default()
-                };
-                out.push(container_status(r, meta, &self.container_dir(&id)));
-            }
-            Ok(out)
+            let containers = self.dir.join("containers");
+            blocking(move || Ok(statuses(&containers, records))).await
         })
     }
 

@@ -107,10 +107,12 @@ impl LineSplitter {
         }
     }
 
-    /// At end of stream: what is left is a last, unterminated line.
+    /// At end of stream: what is left is a last, unterminated line, written
+    /// as a partial record, as containerd does (so a reader adds no newline
+    /// the container never wrote).
     pub fn finish(&mut self, mut out: impl FnMut(bool, &[u8])) {
         if !self.pending.is_empty() {
-            out(false, &self.pending);
+            out(true, &self.pending);
             self.pending.clear();
         }
     }
@@ -144,7 +146,8 @@ mod tests {
         assert_eq!(&fields[1][1..], ["stderr", "F", "world"]);
         assert_eq!((fields[2][2], fields[2][3].len()), ("P", MAX_LINE));
         assert_eq!((fields[3][2], fields[3][3]), ("F", "xxxxxxxxxx"));
-        assert_eq!(&fields[4][1..], ["stdout", "F", "tail"]);
+        // The stream ended mid-line: a partial record, as containerd writes it.
+        assert_eq!(&fields[4][1..], ["stdout", "P", "tail"]);
     }
 
     #[test]

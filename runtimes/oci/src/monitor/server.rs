@@ -166,6 +166,14 @@ fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
     })
 }
 
+fn pollfd(fd: std::os::fd::RawFd) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
 fn failed(message: String) -> Response {
     Response::Error {
         message,
@@ -245,32 +253,12 @@ impl Monitor {
         let sigfd = signalfd_chld()?;
         let mut clients: Vec<Client> = Vec::new();
         loop {
-            let mut fds = vec![
-                libc::pollfd {
-                    fd: sigfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: listener.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            for c in &clients {
-                fds.push(libc::pollfd {
-                    fd: c.sock.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-            for s in &self.streams {
-                fds.push(libc::pollfd {
-                    fd: s.fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
+            // One poll set: SIGCHLD, the listener, clients, output pipes,
+            // watchers (only to learn that they went away).
+            let mut fds = vec![pollfd(sigfd.as_raw_fd()), pollfd(listener.as_raw_fd())];
+            fds.extend(clients.iter().map(|c| pollfd(c.sock.as_raw_fd())));
+            fds.extend(self.streams.iter().map(|s| pollfd(s.fd.as_raw_fd())));
+            fds.extend(self.watchers.iter().map(|w| pollfd(w.as_raw_fd())));
             // SAFETY: fds is a valid array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
             if n < 0 {
@@ -280,51 +268,21 @@ impl Monitor {
                 }
                 return Err(format!("poll: {e}"));
             }
-            let nc = clients.len();
+            let ready = |i: usize| fds.get(i).is_some_and(|f| f.revents != 0);
+            let (nc, ns) = (clients.len(), self.streams.len());
             // Output first, so logs are complete before an exit is recorded.
-            let mut closed = Vec::new();
-            for (i, s) in self.streams.iter_mut().enumerate() {
-                if fds[2 + nc + i].revents == 0 {
-                    continue;
-                }
-                let mut buf = [0u8; 32 * 1024];
-                loop {
-                    match rustix::io::read(&s.fd, &mut buf) {
-                        Ok(0) => {
-                            closed.push(i);
-                            break;
-                        }
-                        Ok(n) => {
-                            if let Some(log) = self.logs.get_mut(&s.id) {
-                                let name = s.name;
-                                s.split.feed(&buf[..n], |p, l| log.record(name, p, l));
-                            }
-                        }
-                        Err(rustix::io::Errno::AGAIN) => break,
-                        Err(rustix::io::Errno::INTR) => continue,
-                        Err(_) => {
-                            closed.push(i);
-                            break;
-                        }
-                    }
-                }
-            }
-            for i in closed.into_iter().rev() {
-                let mut s = self.streams.remove(i);
-                if let Some(log) = self.logs.get_mut(&s.id) {
-                    let name = s.name;
-                    s.split.finish(|p, l| log.record(name, p, l));
-                }
-                if !self.streams.iter().any(|x| x.id == s.id) {
-                    self.logs.remove(&s.id);
-                }
-            }
-            if fds[0].revents != 0 {
+            let streams: Vec<bool> = (0..ns).map(|i| ready(2 + nc + i)).collect();
+            self.read_streams(&streams);
+            let watchers: Vec<bool> = (0..self.watchers.len())
+                .map(|i| ready(2 + nc + ns + i))
+                .collect();
+            self.drop_gone_watchers(&watchers);
+            if ready(0) {
                 let mut buf = [0u8; 128 * 8];
                 while matches!(rustix::io::read(&sigfd, &mut buf), Ok(n) if n > 0) {}
                 self.reap();
             }
-            if fds[1].revents != 0 {
+            if ready(1) {
                 while let Ok((sock, _)) = listener.accept() {
                     let _ = sock.set_nonblocking(true);
                     clients.push(Client {
@@ -333,50 +291,110 @@ impl Monitor {
                     });
                 }
             }
-            let mut gone = Vec::new();
-            let mut watching = Vec::new();
-            for (i, c) in clients.iter_mut().enumerate() {
-                if fds.get(2 + i).is_none_or(|f| f.revents == 0) {
-                    continue;
-                }
-                let mut buf = [0u8; 8192];
-                match c.sock.read(&mut buf) {
-                    Ok(0) => gone.push(i),
-                    Ok(n) => c.buf.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => gone.push(i),
-                }
-                while let Some(nl) = c.buf.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = c.buf.drain(..=nl).collect();
-                    let req = serde_json::from_slice::<Request>(&line);
-                    let watch = matches!(req, Ok(Request::Watch));
-                    let resp = match req {
-                        Ok(req) => self.handle(req),
-                        Err(e) => failed(format!("bad request: {e}")),
-                    };
-                    let mut out = serde_json::to_vec(&resp).unwrap_or_default();
-                    out.push(b'\n');
-                    let _ = c.sock.set_nonblocking(false);
-                    let _ = c.sock.write_all(&out);
-                    let _ = c.sock.set_nonblocking(true);
-                    if watch {
-                        watching.push(i);
+            let readable: Vec<bool> = (0..nc).map(|i| ready(2 + i)).collect();
+            self.serve_clients(&mut clients, &readable);
+        }
+    }
+
+    /// Reads the output pipes that are ready into their logs; a closed pipe
+    /// ends its stream (and, with both closed, the container's log).
+    fn read_streams(&mut self, ready: &[bool]) {
+        let mut closed = Vec::new();
+        for (i, s) in self.streams.iter_mut().enumerate() {
+            if !ready.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let mut buf = [0u8; 32 * 1024];
+            loop {
+                match rustix::io::read(&s.fd, &mut buf) {
+                    Ok(0) => {
+                        closed.push(i);
+                        break;
+                    }
+                    Ok(n) => {
+                        if let Some(log) = self.logs.get_mut(&s.id) {
+                            let name = s.name;
+                            s.split.feed(&buf[..n], |p, l| log.record(name, p, l));
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(_) => {
+                        closed.push(i);
                         break;
                     }
                 }
             }
-            let all = std::mem::take(&mut clients);
-            for (i, c) in all.into_iter().enumerate() {
-                if gone.contains(&i) {
-                    continue;
-                }
-                if watching.contains(&i) {
-                    self.watchers.push(c.sock);
-                } else {
-                    clients.push(c);
+        }
+        for i in closed.into_iter().rev() {
+            let mut s = self.streams.remove(i);
+            if let Some(log) = self.logs.get_mut(&s.id) {
+                let name = s.name;
+                s.split.finish(|p, l| log.record(name, p, l));
+            }
+            if !self.streams.iter().any(|x| x.id == s.id) {
+                self.logs.remove(&s.id);
+            }
+        }
+    }
+
+    /// A watcher never sends after `watch`: readable means closed (or
+    /// misbehaving), and it goes, so a restarting agent leaks no fds here.
+    fn drop_gone_watchers(&mut self, ready: &[bool]) {
+        let mut i = 0;
+        self.watchers.retain_mut(|w| {
+            let keep = !ready.get(i).copied().unwrap_or(false) || {
+                let mut buf = [0u8; 64];
+                matches!(w.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            };
+            i += 1;
+            keep
+        });
+    }
+
+    /// Answers the requests of the clients that are ready. A `watch` turns
+    /// its connection into a watcher at once (anything it sent after the
+    /// request is ignored: the connection is a stream from then on).
+    fn serve_clients(&mut self, clients: &mut Vec<Client>, ready: &[bool]) {
+        let mut gone = vec![false; clients.len()];
+        for (i, c) in clients.iter_mut().enumerate() {
+            if !ready.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let mut buf = [0u8; 8192];
+            match c.sock.read(&mut buf) {
+                Ok(0) => gone[i] = true,
+                Ok(n) => c.buf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => gone[i] = true,
+            }
+            while let Some(nl) = c.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = c.buf.drain(..=nl).collect();
+                let req = serde_json::from_slice::<Request>(&line);
+                let watch = matches!(req, Ok(Request::Watch));
+                let resp = match req {
+                    Ok(req) => self.handle(req),
+                    Err(e) => failed(format!("bad request: {e}")),
+                };
+                let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+                out.push(b'\n');
+                let _ = c.sock.set_nonblocking(false);
+                let _ = c.sock.write_all(&out);
+                let _ = c.sock.set_nonblocking(true);
+                if watch {
+                    if let Ok(w) = c.sock.try_clone() {
+                        self.watchers.push(w);
+                    }
+                    gone[i] = true;
+                    break;
                 }
             }
         }
+        let mut i = 0;
+        clients.retain(|_| {
+            i += 1;
+            !gone[i - 1]
+        });
     }
 
     /// Collects exited children; records exit code, signal and OOM kill.

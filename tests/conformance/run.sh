@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Upstream node conformance against one kinglet node:
+#   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci] [--timeout 2h]
+# Builds the upstream e2e.test and ginkgo at the control plane's release
+# (build.sh, cached), the images the specs use into a private local
+# docker-registry (images.sh), starts the loopback control plane with only
+# this node in it, joins a kinglet node (release build, private dirs and CNI
+# network), and runs every [NodeConformance] spec that is not [Serial],
+# [Disruptive], [Flaky], [Slow] or [Feature:*] (or those matching --focus),
+# two at a time. Prints a table (selected, passed, failed, skipped) and each
+# failure with its first line; JUnit and the table go under
+# target/conformance/. Leaves nothing running.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+focus="" skip="" runtime=oci timeout=2h
+while [ $# -gt 0 ]; do
+  case $1 in
+    --focus) focus=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    --runtime) runtime=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci] [--timeout DURATION]" >&2; exit 2 ;;
+  esac
+done
+if [ "$runtime" != oci ]; then
+  echo "run.sh: --runtime $runtime: only the in-process runtime is wired so far" >&2
+  exit 2
+fi
+# shellcheck source=../bench/lib.sh
+. tests/bench/lib.sh
+export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
+out=target/conformance
+mkdir -p "$out"
+start=$(date +%s)
+
+bin=$(tests/conformance/build.sh | tail -n1)
+cargo build --release --locked --bin kinglet >&2
+
+work=$(mktemp -d /tmp/kinglet-conformance.XXXXXX)
+reg_pid="" agent_pid=""
+cleanup() {
+  set +e
+  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+  release_oci_root "$work/root"
+  [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
+  for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep '^kcf' ); do ip link del "$l"; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The registry the images are served from (loopback: plain HTTP).
+port=15000
+while (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+registry=127.0.0.1:$port
+printf 'version: 0.1\nlog: {level: error}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
+  "$work/registry" "$registry" > "$work/registry.yml"
+docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
+reg_pid=$!
+for _ in $(seq 1 50); do curl -sf "http://$registry/v2/" >/dev/null && break; sleep 0.2; done
+tests/conformance/images.sh "$bin" "$registry"
+cat > "$work/repo-list.yaml" <<YAML
+promoterE2eRegistry: $registry/e2e-test-images
+gcRegistry: $registry
+gcEtcdRegistry: $registry
+buildImageRegistry: $registry/build-image
+sigStorageRegistry: $registry/sig-storage
+dockerLibraryRegistry: $registry/library
+privateRegistry: $registry/k8s-authenticated-test
+cloudProviderGcpRegistry: $registry/cloud-provider-gcp
+YAML
+
+# A fresh control plane: the e2e framework waits for every Node to be
+# Ready, so nodes other tests left behind must not be there.
+tests/cluster/down.sh >/dev/null 2>&1 || true
+admin=$(tests/cluster/up.sh | tail -n1)
+node=kinglet-conformance
+kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
+mkdir -p "$work/net.d" "$work/logs"
+# A private bridge and /24 for the pods (never the host's /etc/cni).
+cat > "$work/net.d/10-kinglet.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "kinglet-conformance", "plugins": [
+  {"type": "bridge", "bridge": "kcf0", "isGateway": true, "ipMasq": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]], "dataDir": "$work/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
+target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+  --node-ip 127.0.0.1 --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
+  >"$out/kinglet.log" 2>&1 &
+agent_pid=$!
+ready=""
+for _ in $(seq 1 300); do
+  [ "$(kubectl --kubeconfig "$admin" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && { ready=1; break; }
+  kill -0 "$agent_pid" 2>/dev/null || break
+  sleep 0.2
+done
+[ -n "$ready" ] || { echo "run.sh: $node not Ready" >&2; tail -20 "$out/kinglet.log" >&2; exit 1; }
+
+label='NodeConformance && !Serial && !Disruptive && !Flaky && !Slow && !/^Feature:/ && !Alpha && !BetaOffByDefault'
+args=(--kubeconfig="$admin" --provider=local --kube-test-repo-list="$work/repo-list.yaml"
+  --report-dir="$out" --ginkgo.timeout="$timeout" --ginkgo.label-filter="$label"
+  --ginkgo.no-color --ginkgo.junit-report="$out/junit.xml")
+[ -n "$focus" ] && args+=(--ginkgo.focus="$focus")
+[ -n "$skip" ] && args+=(--ginkgo.skip="$skip")
+set +e
+"$bin/ginkgo" --procs=2 --timeout="$timeout" --no-color "$bin/e2e.test" -- "${args[@]}" >"$out/e2e.log" 2>&1
+rc=$?
+set -e
+python3 - "$out" "$(( $(date +%s) - start ))" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+out, wall = sys.argv[1], int(sys.argv[2])
+cases = []
+for f in sorted(glob.glob(f"{out}/junit*.xml")):
+    for tc in ET.parse(f).getroot().iter("testcase"):
+        name = tc.get("name", "")
+        if name.startswith("[SynchronizedBeforeSuite]") or name.startswith("[SynchronizedAfterSuite]") \
+                or name.startswith("[ReportAfterSuite]") or name.startswith("[ReportBeforeSuite]"):
+            continue
+        status = tc.get("status", "")
+        fail = tc.find("failure")
+        if fail is None:
+            fail = tc.find("error")
+        if tc.find("skipped") is not None or status == "skipped":
+            state = "skipped"
+        elif fail is not None or status in ("failed", "panicked", "timedout", "interrupted"):
+            state = "failed"
+        else:
+            state = "passed"
+        cause = ""
+        if fail is not None:
+            text = (fail.get("message") or fail.text or "").strip()
+            cause = text.splitlines()[0][:200] if text else status
+        cases.append((state, name, cause))
+n = {s: sum(1 for c in cases if c[0] == s) for s in ("passed", "failed", "skipped")}
+run = n["passed"] + n["failed"]
+lines = [f"conformance: {len(cases)} specs selected, {n['passed']} passed, {n['failed']} failed, "
+         f"{n['skipped']} skipped ({100 * n['passed'] / max(1, run):.0f}% of those run); wall time {wall} s"]
+for state, name, cause in cases:
+    if state == "failed":
+        lines.append(f"FAIL {name}\n     {cause}")
+open(f"{out}/table.txt", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+exit 0
