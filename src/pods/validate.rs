@@ -31,20 +31,26 @@ pub const MAX_MANIFEST_BYTES: u64 = 1536 * 1024;
 const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 
-/// Upstream's `IsDNS1123Label`.
-pub fn is_label(s: &str) -> bool {
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn label_chars(s: &str) -> bool {
     let b = s.as_bytes();
     let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
     !b.is_empty()
-        && b.len() <= 63
         && alnum(&b[0])
         && alnum(&b[b.len() - 1])
         && b.iter().all(|c| alnum(c) || *c == b'-')
 }
 
-/// Upstream's `IsDNS1123Subdomain`.
+/// Upstream's `IsDNS1123Label`: at most 63 characters.
+pub fn is_label(s: &str) -> bool {
+    s.len() <= 63 && label_chars(s)
+}
+
+/// Upstream's `IsDNS1123Subdomain`: at most 253 characters in all; its
+/// dot-separated parts have no length limit of their own (upstream's
+/// regex), so a 70-character pod name is valid.
 pub fn is_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label)
+    s.len() <= 253 && s.split('.').all(label_chars)
 }
 
 /// A UID kinglet may name a directory after: what the apiserver issues
@@ -258,6 +264,17 @@ mod tests {
 
     const META: &str =
         "metadata: {name: web, namespace: edge, uid: 0f1e2d3c-aaaa-bbbb-cccc-0123456789ab}";
+
+    #[test]
+    fn long_names_are_subdomains_not_labels() {
+        // As the conformance suite names its pods.
+        let name = "termination-message-container59111524-086a-4090-9625-6209079a0418";
+        assert!(name.len() > 63);
+        assert!(is_subdomain(name) && !is_label(name));
+        assert!(!is_subdomain(&"a".repeat(254)));
+        assert!(is_subdomain("a.b-c.d9"));
+        assert!(!is_subdomain("a..b") && !is_subdomain(".a") && !is_subdomain("a-"));
+    }
 
     #[test]
     fn a_plain_pod_is_valid() {

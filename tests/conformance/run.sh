@@ -45,6 +45,7 @@ cleanup() {
   [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
   for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep '^kcf' ); do ip link del "$l"; done
   rm -rf "$work"
+  tests/cluster/down.sh >/dev/null 2>&1
 }
 trap cleanup EXIT
 
