@@ -161,12 +161,15 @@ async fn hostile_static_manifests_write_nothing_outside_and_leak_no_secret() {
         &[common::pods::busybox_archive()],
     );
     let secret = format!("SECRET-{}", std::process::id());
-    // The good pod first, with a value only root may ever read on disk.
+    // The good pod first, with a value only root may ever read on disk,
+    // limits the apiserver accepts but that broke container creation (a
+    // 1m CPU limit under the kernel's minimum quota, a 9Ei memory limit past
+    // i64), and a subPathExpr from its own name.
     write_manifest(
         &manifests,
         "good.yaml",
         &format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: good}}\nspec: {{containers: [{{name: c, image: kinglet.test/busybox:1, command: [sleep, '3600'], env: [{{name: TOKEN, value: {secret}}}]}}]}}\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: good}}\nspec: {{containers: [{{name: c, image: kinglet.test/busybox:1, command: [sleep, '3600'], resources: {{requests: {{cpu: 1m, memory: 1Mi}}, limits: {{cpu: 1m, memory: 9Ei}}}}, env: [{{name: TOKEN, value: {secret}}}, {{name: POD, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}], volumeMounts: [{{name: data, mountPath: /data, subPathExpr: '$(POD)'}}]}}], volumes: [{{name: data, emptyDir: {{}}}}]}}\n"
         ),
     );
     for (file, body) in hostile(&t) {
@@ -185,6 +188,16 @@ async fn hostile_static_manifests_write_nothing_outside_and_leak_no_secret() {
     })
     .await;
     assert_eq!(record.name, good);
+    // The subPathExpr expanded to the pod's name, inside its emptyDir.
+    let sub = tree(&root.join("volumes"))
+        .into_iter()
+        .find(|p| p.file_name().is_some_and(|n| n == good.as_str()));
+    assert!(
+        sub.as_ref()
+            .is_some_and(|p| p.parent().is_some_and(|d| d.ends_with("data"))),
+        "no subPathExpr dir: {:?}",
+        tree(&root.join("volumes"))
+    );
 
     // Each hostile manifest was refused by name, with upstream's field error.
     let log = k.log();
