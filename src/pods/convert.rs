@@ -642,11 +642,6 @@ pub fn container_config(
     let sc = c.security_context.clone().unwrap_or_default();
     let uid = sc.run_as_user.or(pod_sc.run_as_user).map(|u| u as u32);
     let gid = sc.run_as_group.or(pod_sc.run_as_group).map(|g| g as u32);
-    if sc.run_as_non_root.or(pod_sc.run_as_non_root) == Some(true) && uid == Some(0) {
-        return Err(ConfigError(
-            "container's runAsUser breaks non-root policy".into(),
-        ));
-    }
     let mut groups: Vec<u32> = pod_sc
         .supplemental_groups
         .iter()
@@ -698,6 +693,51 @@ pub fn container_config(
             .clone()
             .unwrap_or_else(|| "/dev/termination-log".into()),
     })
+}
+
+/// Upstream's `verifyRunAsNonRoot`: with `runAsNonRoot`, the container's
+/// user (its `runAsUser`, else the image's) must be known not to be root;
+/// an image with no user runs as root.
+pub fn verify_run_as_non_root(
+    pod: &Pod,
+    c: &Container,
+    image: &kinglet_runtime::ImageInfo,
+) -> Result<(), ConfigError> {
+    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = c.security_context.as_ref();
+    let non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or(pod_sc.and_then(|s| s.run_as_non_root));
+    if non_root != Some(true) {
+        return Ok(());
+    }
+    let (ns, name) = namespace_and_name(pod);
+    let who = format!(
+        "(pod: \"{name}_{ns}({})\", container: {})",
+        pod_uid(pod),
+        c.name
+    );
+    let run_as = sc
+        .and_then(|s| s.run_as_user)
+        .or(pod_sc.and_then(|s| s.run_as_user));
+    let err = |m: String| Err(ConfigError(m));
+    match (run_as, image.uid, image.username.as_str()) {
+        (Some(0), _, _) => err(format!(
+            "container's runAsUser breaks non-root policy {who}"
+        )),
+        (Some(_), _, _) => Ok(()),
+        (None, None, user) if !user.is_empty() => err(format!(
+            "container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root {who}"
+        )),
+        (None, Some(0) | None, _) => err(format!(
+            "container has runAsNonRoot and image will run as root {who}"
+        )),
+        (None, Some(u), _) if !(1..=i64::from(i32::MAX)).contains(&u) => err(format!(
+            "container has runAsNonRoot and image has an invalid user id ({u}). (Must be 1-({})): must be between 0 and 2147483647, inclusive {who}",
+            i32::MAX
+        )),
+        (None, Some(_), _) => Ok(()),
+    }
 }
 
 /// The cgroup limits of a container, as upstream's `kuberuntime` computes
@@ -886,6 +926,48 @@ mod tests {
     const BASE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge, uid: u-1, labels: {app: web}}\n";
 
     #[test]
+    fn run_as_non_root_is_checked_against_the_image_user() {
+        let p = |sc: &str| {
+            pod(&format!(
+                "{BASE}spec: {{securityContext: {{runAsNonRoot: true}}, containers: [{{name: a, image: x{sc}}}]}}"
+            ))
+        };
+        let check = |p: &Pod, uid: Option<i64>, user: &str| {
+            let img = kinglet_runtime::ImageInfo {
+                uid,
+                username: user.into(),
+                ..Default::default()
+            };
+            verify_run_as_non_root(p, &p.spec.as_ref().unwrap().containers[0], &img)
+                .map_err(|e| e.0)
+        };
+        let plain = p("");
+        assert_eq!(
+            check(&plain, None, ""),
+            Err("container has runAsNonRoot and image will run as root (pod: \"web_edge(u-1)\", container: a)".into())
+        );
+        assert!(
+            check(&plain, Some(0), "")
+                .unwrap_err()
+                .contains("image will run as root")
+        );
+        assert!(
+            check(&plain, None, "app")
+                .unwrap_err()
+                .contains("non-numeric user (app)")
+        );
+        assert_eq!(check(&plain, Some(1234), ""), Ok(()));
+        let explicit = p(", securityContext: {runAsUser: 1000}");
+        assert_eq!(check(&explicit, None, ""), Ok(()), "runAsUser decides");
+        let root = p(", securityContext: {runAsUser: 0}");
+        assert!(
+            check(&root, Some(1234), "")
+                .unwrap_err()
+                .contains("runAsUser breaks non-root policy")
+        );
+    }
+
+    #[test]
     fn limits_are_clamped_as_upstream() {
         let limits = |lim: &str, req: &str| {
             let p = pod(&format!(
@@ -1056,19 +1138,6 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.0.contains("configmap \"cm\" not found"), "{e:?}");
-        let p = pod(&format!(
-            "{BASE}spec:\n  securityContext: {{runAsNonRoot: true}}\n  containers:\n  - name: a\n    image: x\n    securityContext: {{runAsUser: 0}}\n"
-        ));
-        assert!(
-            container_config(
-                &p,
-                &p.spec.as_ref().unwrap().containers[0],
-                0,
-                &NodeContext::default(),
-                &EnvObjects::default()
-            )
-            .is_err()
-        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kinglet_runtime::{PullAuth, Runtime, WaitingReason, image};
+use kinglet_runtime::{ImageInfo, PullAuth, Runtime, WaitingReason, image};
 use tokio::time::Instant;
 
 use super::convert::{self, ObjectKind, ObjectSource};
@@ -38,22 +38,24 @@ impl ImageManager {
         self.backoff.values().filter_map(|b| b.left(now)).min()
     }
 
-    /// Ensures the container's image per its pull policy.
+    /// Ensures the container's image per its pull policy; returns what the
+    /// runtime reports of it (its user, for runAsNonRoot).
     pub async fn ensure(
         &mut self,
         rep: &Reporter,
         pod: &Pod,
         c: &Container,
-    ) -> Result<(), Waiting> {
+    ) -> Result<ImageInfo, Waiting> {
         let image = c.image.clone().unwrap_or_default();
         let policy = c
             .image_pull_policy
             .clone()
             .unwrap_or_else(|| image::default_pull_policy(&image).into());
-        let present = match self.runtime.image_status(&image).await {
-            Ok(p) => p.is_some(),
+        let status = match self.runtime.image_status(&image).await {
+            Ok(p) => p,
             Err(f) => return Err((f.reason, f.message)),
         };
+        let present = status.is_some();
         let pull = match policy.as_str() {
             "Never" if !present => {
                 let msg =
@@ -72,7 +74,7 @@ impl ImageManager {
                 let msg = format!("Container image \"{image}\" already present on machine");
                 rep.event(pod, "Normal", "Pulled", msg).await;
             }
-            return Ok(());
+            return Ok(status.unwrap_or_default());
         }
         if self
             .backoff
@@ -84,7 +86,15 @@ impl ImageManager {
                 format!("Back-off pulling image \"{image}\""),
             ));
         }
-        self.pull(rep, pod, &image).await
+        self.pull(rep, pod, &image).await?;
+        match self.runtime.image_status(&image).await {
+            Ok(Some(info)) => Ok(info),
+            Ok(None) => Err((
+                WaitingReason::ErrImagePull,
+                format!("image \"{image}\" is not present after its pull"),
+            )),
+            Err(f) => Err((f.reason, f.message)),
+        }
     }
 
     async fn pull(&mut self, rep: &Reporter, pod: &Pod, image: &str) -> Result<(), Waiting> {

@@ -542,9 +542,15 @@ impl Worker {
         c: &Container,
         attempt: u32,
     ) -> Result<(), (WaitingReason, String, bool)> {
-        if let Err((reason, msg)) = self.images.ensure(&self.rep, pod, c).await {
+        let image = match self.images.ensure(&self.rep, pod, c).await {
+            Ok(image) => image,
             // Pull failures have the image back-off of their own.
-            return Err((reason, msg, !reason.is_pull_failure()));
+            Err((reason, msg)) => return Err((reason, msg, !reason.is_pull_failure())),
+        };
+        if let Err(e) = convert::verify_run_as_non_root(pod, c, &image) {
+            return Err(self
+                .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
+                .await);
         }
         let objects = super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
         let cfg = objects.and_then(|o| {

@@ -118,6 +118,9 @@ impl FakeRuntime {
                 repo_tags: vec![name.into()],
                 repo_digests: vec![],
                 size: 1,
+                // Images run as a non-root user unless a test says otherwise.
+                uid: Some(1000),
+                username: String::new(),
             },
         );
     }

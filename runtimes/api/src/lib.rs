@@ -254,6 +254,23 @@ pub struct ImageInfo {
     pub repo_tags: Vec<String>,
     pub repo_digests: Vec<String>,
     pub size: u64,
+    /// The image's user as a number (CRI `Image.uid`), when it is one.
+    pub uid: Option<i64>,
+    /// The image's user as a name (CRI `Image.username`), when it is one.
+    pub username: String,
+}
+
+impl ImageInfo {
+    /// Fills `uid`/`username` from an image config's `User` (`uid[:gid]`
+    /// or `name[:group]`), as containerd reports them; empty: neither.
+    pub fn with_user(mut self, user: &str) -> Self {
+        let u = user.split(':').next().unwrap_or("");
+        match u.parse::<i64>() {
+            Ok(n) => self.uid = Some(n),
+            Err(_) => self.username = u.to_string(),
+        }
+        self
+    }
 }
 
 /// Usage of the filesystem images live on (CRI `ImageFsInfo`).

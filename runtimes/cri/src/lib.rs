@@ -426,6 +426,8 @@ fn image_info(i: proto::Image) -> ImageInfo {
         repo_tags: i.repo_tags,
         repo_digests: i.repo_digests,
         size: i.size,
+        uid: i.uid.map(|u| u.value),
+        username: i.username,
     }
 }
 

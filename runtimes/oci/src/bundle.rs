@@ -350,6 +350,11 @@ pub(crate) fn teardown(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The image config's `User`.
+pub(crate) fn image_user(store: &ImageStore, image: &ImageRecord) -> String {
+    image_config(store, image).user
+}
+
 /// The image config's Entrypoint, Cmd, Env, WorkingDir, User, StopSignal.
 fn image_config(store: &ImageStore, image: &ImageRecord) -> ImageDefaults {
     let Ok(raw) = store.read_blob(&image.id) else {

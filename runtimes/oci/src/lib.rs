@@ -912,12 +912,22 @@ impl Runtime for OciRuntime {
                 reason: WaitingReason::ErrImagePull,
                 message: e.to_string(),
             })?;
-            Ok(index.find(image).map(|r| ImageInfo {
+            let Some(r) = index.find(image) else {
+                return Ok(None);
+            };
+            let info = ImageInfo {
                 id: r.id.clone(),
                 repo_digests: r.repo_digests.iter().cloned().collect(),
                 size: r.size,
                 ..Default::default()
-            }))
+            };
+            // The user, for runAsNonRoot (the config blob is small).
+            let store = self.store.clone();
+            let record = r.clone();
+            let user = tokio::task::spawn_blocking(move || bundle::image_user(&store, &record))
+                .await
+                .unwrap_or_default();
+            Ok(Some(info.with_user(&user)))
         })
     }
 
@@ -935,6 +945,7 @@ impl Runtime for OciRuntime {
                     repo_tags: index.names_of(&r.id),
                     repo_digests: r.repo_digests.iter().cloned().collect(),
                     size: r.size,
+                    ..Default::default()
                 })
                 .collect())
         })
