@@ -164,6 +164,19 @@ pub fn pod_status(
         .flatten()
         .map(status_of)
         .collect();
+    let mut inits = inits;
+    for (s, c) in inits.iter_mut().zip(spec.init_containers.iter().flatten()) {
+        let done = s
+            .state
+            .as_ref()
+            .and_then(|st| st.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0);
+        // A finished (non-restartable) init container reads as ready, as
+        // upstream's prober manager sets it.
+        if done && c.restart_policy.as_deref() != Some("Always") {
+            s.ready = true;
+        }
+    }
     let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
     let init = InitProgress::of(&spec, &inits, policy);
     let phase = phase(&regular, policy, &init);
@@ -269,6 +282,30 @@ fn phase(regular: &[KStatus], policy: &str, init: &InitProgress) -> &'static str
     }
 }
 
+/// `Initialized` as upstream's `GeneratePodInitializedCondition`: true with
+/// `PodCompleted` once the pod succeeded, true once any regular container
+/// started, else false while an init container is incomplete.
+fn initialized(phase: &str, regular: &[KStatus], init: &InitProgress) -> PodCondition {
+    let started = regular.iter().any(|s| {
+        s.state
+            .as_ref()
+            .is_some_and(|st| st.running.is_some() || st.terminated.is_some())
+    });
+    let mut c = condition(
+        "Initialized",
+        phase == "Succeeded" || started || init.pending.is_empty(),
+        Some("ContainersNotInitialized".into()),
+        Some(format!(
+            "containers with incomplete status: [{}]",
+            init.pending.join(" ")
+        )),
+    );
+    if phase == "Succeeded" {
+        c.reason = Some("PodCompleted".into());
+    }
+    c
+}
+
 /// The five pod conditions with upstream's reasons and messages.
 fn conditions(
     phase: &str,
@@ -289,22 +326,9 @@ fn conditions(
     };
     let msg = format!("containers with unready status: [{}]", not_ready.join(" "));
     let ready = not_ready.is_empty() && !completed;
-    let init_reason = if completed {
-        "PodCompleted"
-    } else {
-        "ContainersNotInitialized"
-    };
     vec![
         condition("PodReadyToStartContainers", sandbox_ready, None, None),
-        condition(
-            "Initialized",
-            init.pending.is_empty() || completed && !init.failed_never,
-            Some(init_reason.into()),
-            Some(format!(
-                "containers with incomplete status: [{}]",
-                init.pending.join(" ")
-            )),
-        ),
+        initialized(phase, regular, init),
         condition("Ready", ready, Some(ready_reason.into()), Some(msg.clone())),
         condition(
             "ContainersReady",
@@ -361,6 +385,62 @@ mod tests {
                 "metadata: {name: p}\nspec: {initContainers: [{name: i, image: x}], containers: [{name: a, image: x}]}"
             ),
             ["PodInitializing", "PodInitializing"]
+        );
+    }
+
+    #[test]
+    fn init_containers_as_upstream_reports_them() {
+        let v: serde_json::Value = serde_saphyr::from_str(
+            "metadata: {name: p}\nspec: {restartPolicy: Never, initContainers: [{name: i, image: x}, {name: j, image: x}], containers: [{name: a, image: x}]}",
+        )
+        .unwrap();
+        let pod: Pod = serde_json::from_value(v).unwrap();
+        let t = Time(jiff::Timestamp::UNIX_EPOCH);
+        let at = Placement {
+            host_ip: "",
+            pod_ip: "",
+            start_time: &t,
+            scheme: "x://",
+        };
+        let exited = |name: &str, code: i32| ContainerStatus {
+            id: format!("{name}-0"),
+            sandbox_id: "s".into(),
+            pod_uid: String::new(),
+            name: name.into(),
+            attempt: 0,
+            image: "x".into(),
+            image_ref: "x".into(),
+            image_id: "x".into(),
+            state: ContainerState::Exited,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 3,
+            exit_code: code,
+            reason: if code == 0 { "Completed" } else { "Error" }.into(),
+            message: String::new(),
+            log_path: String::new(),
+            pid: 0,
+        };
+        let s = pod_status(
+            &pod,
+            &[exited("i", 0), exited("j", 1)],
+            true,
+            &BTreeMap::new(),
+            &at,
+        );
+        let inits = s.init_container_statuses.unwrap();
+        assert!(inits[0].ready, "an init container that exited 0 is ready");
+        assert!(!inits[1].ready);
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        let init = s
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Initialized")
+            .unwrap();
+        assert_eq!(
+            (init.status.as_str(), init.reason.as_deref()),
+            ("False", Some("ContainersNotInitialized"))
         );
     }
 

@@ -2,7 +2,9 @@
 # Benchmark (prints figures, asserts nothing): pod startup latency p50/p90/p99
 # and the node's memory at 0, 10, 30 (and 110 in-process) pods, on a node
 # joined to the loopback control plane.
-#   tests/bench/pods.sh [PODS] [oci|cri]
+#   tests/bench/pods.sh [PODS] [oci|cri] [IDLE_SECS]
+# (IDLE_SECS > 0 also measures idle CPU over that window at 0 pods and at
+# each level)
 # oci: kinglet's in-process runtime (kinglet + its monitor);
 # cri: kinglet --runtime cri with a private containerd (kinglet + containerd
 # + shims + pause containers).
@@ -12,6 +14,7 @@ cd "$(dirname "$0")/../.."
 . tests/bench/lib.sh
 pods=${1:-50}
 runtime=${2:-oci}
+idle=${3:-0}
 cargo build --release --locked --bin kinglet --example bench_pods >&2
 admin=$(tests/cluster/up.sh | tail -n1)
 node=bench-$runtime-$$
@@ -53,4 +56,4 @@ for _ in $(seq 1 100); do
 done
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, $(uname -r)"
 echo "runtime: $runtime$([ "$runtime" = cri ] && echo " ($(containerd --version | cut -d' ' -f3), runc $(runc --version | head -1 | cut -d' ' -f3))")"
-target/release/examples/bench_pods "$admin" "$node" "$work" "$pods" "$levels"
+target/release/examples/bench_pods "$admin" "$node" "$work" "$pods" "$levels" "$idle"
