@@ -26,6 +26,31 @@ pub struct Rejection {
     pub message: String,
 }
 
+/// Upstream's OS checks, before any other predicate: a `kubernetes.io/os`
+/// pod label other than this node's, or a `spec.os.name` other than linux.
+fn os_ok(pod: &Pod) -> Result<(), Rejection> {
+    let label = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("kubernetes.io/os"));
+    if label.is_some_and(|os| os != "linux") {
+        return Err(Rejection {
+            reason: "PodOSSelectorNodeLabelDoesNotMatch".into(),
+            message: "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label"
+                .into(),
+        });
+    }
+    let os = pod.spec.as_ref().and_then(|s| s.os.as_ref());
+    if os.is_some_and(|os| os.name != "linux") {
+        return Err(Rejection {
+            reason: "PodOSNotSupported".into(),
+            message: "Failed to admit pod as the OS field doesn't match node OS".into(),
+        });
+    }
+    Ok(())
+}
+
 /// A pod's effective requests (cpu in millicores, memory in bytes): the
 /// larger of the sum of its containers and its largest init container.
 pub fn requests(pod: &Pod) -> (u128, u128) {
@@ -107,6 +132,7 @@ fn affinity_ok(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
 
 /// Decides whether `pod` may run next to `admitted`.
 pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rejection> {
+    os_ok(pod)?;
     if !affinity_ok(pod, &node.labels) {
         return Err(Rejection {
             reason: "NodeAffinity".into(),
@@ -185,6 +211,28 @@ mod tests {
                 ("zone".into(), "a".into()),
             ]),
         }
+    }
+
+    #[test]
+    fn pods_for_another_os_are_refused_as_upstream() {
+        let win = pod(
+            "metadata: {name: w}\nspec: {os: {name: windows}, containers: [{name: c, image: i}]}",
+        );
+        assert_eq!(
+            admit(&win, &[], &node()).unwrap_err().reason,
+            "PodOSNotSupported"
+        );
+        let label = pod(
+            "metadata: {name: l, labels: {kubernetes.io/os: windows}}\nspec: {containers: [{name: c, image: i}]}",
+        );
+        assert_eq!(
+            admit(&label, &[], &node()).unwrap_err().reason,
+            "PodOSSelectorNodeLabelDoesNotMatch"
+        );
+        let linux = pod(
+            "metadata: {name: x}\nspec: {os: {name: linux}, containers: [{name: c, image: i}]}",
+        );
+        assert!(admit(&linux, &[], &node()).is_ok());
     }
 
     #[test]
