@@ -344,8 +344,8 @@ fn conditions(
 mod tests {
     use super::*;
 
-    /// The status of a pod none of whose containers exist yet.
-    fn fresh_status(yaml: &str) -> PodStatus {
+    /// The status of the pod `yaml` with these containers in the runtime.
+    fn status_with(yaml: &str, containers: &[ContainerStatus]) -> PodStatus {
         let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
         let pod: Pod = serde_json::from_value(v).unwrap();
         let t = Time(jiff::Timestamp::UNIX_EPOCH);
@@ -355,7 +355,12 @@ mod tests {
             start_time: &t,
             scheme: "x://",
         };
-        pod_status(&pod, &[], true, &BTreeMap::new(), &at)
+        pod_status(&pod, containers, true, &BTreeMap::new(), &at)
+    }
+
+    /// The status of a pod none of whose containers exist yet.
+    fn fresh_status(yaml: &str) -> PodStatus {
+        status_with(yaml, &[])
     }
 
     fn waiting_reasons(yaml: &str) -> Vec<String> {
@@ -390,18 +395,7 @@ mod tests {
 
     #[test]
     fn init_containers_as_upstream_reports_them() {
-        let v: serde_json::Value = serde_saphyr::from_str(
-            "metadata: {name: p}\nspec: {restartPolicy: Never, initContainers: [{name: i, image: x}, {name: j, image: x}], containers: [{name: a, image: x}]}",
-        )
-        .unwrap();
-        let pod: Pod = serde_json::from_value(v).unwrap();
-        let t = Time(jiff::Timestamp::UNIX_EPOCH);
-        let at = Placement {
-            host_ip: "",
-            pod_ip: "",
-            start_time: &t,
-            scheme: "x://",
-        };
+        let yaml = "metadata: {name: p}\nspec: {restartPolicy: Never, initContainers: [{name: i, image: x}, {name: j, image: x}], containers: [{name: a, image: x}]}";
         let exited = |name: &str, code: i32| ContainerStatus {
             id: format!("{name}-0"),
             sandbox_id: "s".into(),
@@ -421,13 +415,7 @@ mod tests {
             log_path: String::new(),
             pid: 0,
         };
-        let s = pod_status(
-            &pod,
-            &[exited("i", 0), exited("j", 1)],
-            true,
-            &BTreeMap::new(),
-            &at,
-        );
+        let s = status_with(yaml, &[exited("i", 0), exited("j", 1)]);
         let inits = s.init_container_statuses.unwrap();
         assert!(inits[0].ready, "an init container that exited 0 is ready");
         assert!(!inits[1].ready);
