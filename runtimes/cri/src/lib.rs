@@ -180,25 +180,21 @@ impl CriRuntime {
                 }
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     info!("container runtime has no container events: relisting every second");
-                    loop {
-                        tokio::select! {
-                            _ = &mut shutdown => return,
-                            _ = tokio::time::sleep(Duration::from_secs(1)) => self.changes.notify_one(),
-                        }
-                    }
+                    // No stream will ever come: the wake-ups below, forever.
+                    delay = Duration::MAX;
                 }
                 Err(_) => {}
             }
             // Meanwhile, a relist every second (the stream's back-off can
-            // be long).
-            let until = tokio::time::Instant::now() + delay;
-            while tokio::time::Instant::now() < until {
+            // be long; without a stream at all it lasts).
+            let until = tokio::time::Instant::now().checked_add(delay);
+            while until.is_none_or(|u| tokio::time::Instant::now() < u) {
                 tokio::select! {
                     _ = &mut shutdown => return,
                     _ = tokio::time::sleep(Duration::from_secs(1)) => self.changes.notify_one(),
                 }
             }
-            delay = (delay * 2).min(Duration::from_secs(30));
+            delay = delay.saturating_mul(2).min(Duration::from_secs(30));
         }
     }
 
