@@ -86,18 +86,10 @@ impl ImageManager {
                 format!("Back-off pulling image \"{image}\""),
             ));
         }
-        self.pull(rep, pod, &image).await?;
-        match self.runtime.image_status(&image).await {
-            Ok(Some(info)) => Ok(info),
-            Ok(None) => Err((
-                WaitingReason::ErrImagePull,
-                format!("image \"{image}\" is not present after its pull"),
-            )),
-            Err(f) => Err((f.reason, f.message)),
-        }
+        self.pull(rep, pod, &image).await
     }
 
-    async fn pull(&mut self, rep: &Reporter, pod: &Pod, image: &str) -> Result<(), Waiting> {
+    async fn pull(&mut self, rep: &Reporter, pod: &Pod, image: &str) -> Result<ImageInfo, Waiting> {
         rep.event(
             pod,
             "Normal",
@@ -116,7 +108,7 @@ impl ImageManager {
                     info.size
                 );
                 rep.event(pod, "Normal", "Pulled", msg).await;
-                Ok(())
+                Ok(info)
             }
             Err(f) => {
                 let next = next_backoff(self.backoff.get(image), Instant::now());

@@ -881,12 +881,22 @@ impl Runtime for OciRuntime {
                 })
                 .collect();
             match self.puller.pull(image, &creds).await {
-                Ok(r) => Ok(ImageInfo {
-                    id: r.id,
-                    repo_digests: r.repo_digests.into_iter().collect(),
-                    size: r.size,
-                    ..Default::default()
-                }),
+                Ok(r) => {
+                    // The user too, as image_status reports it.
+                    let store = self.store.clone();
+                    let record = r.clone();
+                    let user =
+                        tokio::task::spawn_blocking(move || bundle::image_user(&store, &record))
+                            .await
+                            .unwrap_or_default();
+                    Ok(ImageInfo {
+                        id: r.id,
+                        repo_digests: r.repo_digests.into_iter().collect(),
+                        size: r.size,
+                        ..Default::default()
+                    }
+                    .with_user(&user))
+                }
                 Err(e) => Err(ImageFailure {
                     reason: e.reason(),
                     message: e.to_string(),
