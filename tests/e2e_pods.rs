@@ -659,6 +659,59 @@ async fn termination_messages_and_log_rotation(rt: Rt) {
     n.delete("spew");
 }
 
+/// Exec as probes and hooks use it: the container's user, working dir and
+/// environment, both streams, the exit code; past its timeout the process
+/// is killed, not left running.
+async fn exec_in_a_running_container(runtime: &dyn kinglet_runtime::Runtime, id: &str) {
+    let cmd = |s: &str| vec!["sh".to_string(), "-c".to_string(), s.to_string()];
+    let r = runtime
+        .exec_sync(
+            id,
+            &cmd("echo out $(id -u) $(pwd) $PATH; echo err >&2; exit 7"),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "out 0 / /bin\n");
+    assert_eq!(String::from_utf8_lossy(&r.stderr), "err\n");
+    assert_eq!(r.exit_code, 7);
+    let timed_out = runtime
+        .exec_sync(id, &cmd("sleep 300"), Duration::from_secs(1))
+        .await;
+    assert!(
+        matches!(
+            timed_out,
+            Err(kinglet_runtime::RuntimeError::DeadlineExceeded(_))
+        ),
+        "{timed_out:?}"
+    );
+    common::wait_for(
+        "the timed-out exec to be killed",
+        Duration::from_secs(10),
+        || async {
+            let ps = runtime
+                .exec_sync(id, &cmd("ps -o args"), Duration::from_secs(5))
+                .await
+                .ok()?;
+            let out = String::from_utf8_lossy(&ps.stdout).to_string();
+            (!out.contains("sleep 300")).then_some(())
+        },
+    )
+    .await;
+    let missing = runtime
+        .exec_sync(id, &["/no/such/binary".to_string()], Duration::from_secs(5))
+        .await;
+    // runc and libcontainer refuse to start it; either way it did not run.
+    assert!(
+        missing.as_ref().map_or(true, |r| r.exit_code != 0),
+        "{missing:?}"
+    );
+    let gone = runtime
+        .exec_sync("no-such-container", &cmd("true"), Duration::from_secs(5))
+        .await;
+    assert!(gone.is_err(), "{gone:?}");
+}
+
 /// The runtime calls eviction, image GC and probes will use, made beside a
 /// running node through the same runtime it uses: its monitor, or its
 /// containerd.
@@ -723,19 +776,6 @@ async fn runtime_stats_and_images_of_a_running_node(rt: Rt) {
     );
     let fs = runtime.image_fs_info().await.unwrap();
     assert!(!fs.is_empty());
-    let exec = runtime
-        .exec_sync(&id, &["true".to_string()], Duration::from_secs(5))
-        .await;
-    match rt {
-        Rt::Cri => assert_eq!(exec.unwrap().exit_code, 0),
-        // Exec in-process comes with probes; it says so meanwhile.
-        Rt::Oci => assert!(
-            matches!(
-                exec,
-                Err(kinglet_runtime::RuntimeError::Unsupported("ExecSync"))
-            ),
-            "{exec:?}"
-        ),
-    }
+    exec_in_a_running_container(&*runtime, &id).await;
     n.delete("busy");
 }

@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+pub mod exec;
 pub mod fake;
 pub mod image;
 pub mod logs;
@@ -33,6 +34,9 @@ pub enum RuntimeError {
     /// A CRI call this runtime does not offer.
     #[error("{0} is not supported by this container runtime")]
     Unsupported(&'static str),
+    /// The call's own timeout passed (an exec past its deadline).
+    #[error("{0}")]
+    DeadlineExceeded(String),
 }
 
 fn unsupported<'a, T: Send + 'a>(call: &'static str) -> BoxFuture<'a, Result<T, RuntimeError>> {
@@ -425,14 +429,32 @@ pub trait Runtime: Send + Sync {
     fn image_fs_info(&self) -> BoxFuture<'_, Result<Vec<FsUsage>, RuntimeError>> {
         unsupported("ImageFsInfo")
     }
-    /// CRI `ExecSync` (for exec probes).
-    fn exec_sync<'a>(
+    /// CRI `Exec`: starts a process in a running container and hands back
+    /// its streams and exit ([`exec::ExecSession`]; dropping it kills the
+    /// process).
+    fn exec<'a>(
         &'a self,
         _id: &'a str,
-        _cmd: &'a [String],
-        _timeout: std::time::Duration,
+        _opts: &'a exec::ExecOptions,
+    ) -> BoxFuture<'a, Result<exec::ExecSession, RuntimeError>> {
+        unsupported("Exec")
+    }
+    /// CRI `ExecSync` (exec probes and hooks): by default a thin layer on
+    /// [`Runtime::exec`]; a timeout of zero is none.
+    fn exec_sync<'a>(
+        &'a self,
+        id: &'a str,
+        cmd: &'a [String],
+        timeout: std::time::Duration,
     ) -> BoxFuture<'a, Result<ExecResult, RuntimeError>> {
-        unsupported("ExecSync")
+        Box::pin(async move {
+            let opts = exec::ExecOptions {
+                cmd: cmd.to_vec(),
+                ..Default::default()
+            };
+            let s = self.exec(id, &opts).await?;
+            exec::exec_sync(s, timeout, exec::MAX_EXEC_SYNC_OUTPUT).await
+        })
     }
     /// CRI `ListContainerStats`.
     fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {

@@ -77,6 +77,21 @@ pub struct CriRuntime {
     changes: Arc<Notify>,
 }
 
+/// An `ExecSync` past its timeout: the request's own deadline, or
+/// containerd's "timeout 1s exceeded: context deadline exceeded" (as
+/// upstream's remote runtime turns both into a timeout error).
+fn exec_sync_err(s: tonic::Status, timeout: Duration) -> RuntimeError {
+    let timed_out = s.code() == tonic::Code::DeadlineExceeded
+        || (!timeout.is_zero() && s.message().contains("deadline exceeded"));
+    if timed_out {
+        return RuntimeError::DeadlineExceeded(format!(
+            "command timed out after {}s",
+            timeout.as_secs_f64()
+        ));
+    }
+    status_err("ExecSync", s)
+}
+
 fn status_err(call: &str, s: tonic::Status) -> RuntimeError {
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
@@ -1048,7 +1063,7 @@ impl Runtime for CriRuntime {
                     REQUEST_TIMEOUT + timeout,
                 ))
                 .await
-                .map_err(|e| status_err("ExecSync", e))?
+                .map_err(|e| exec_sync_err(e, timeout))?
                 .into_inner();
             Ok(ExecResult {
                 exit_code: r.exit_code,

@@ -1,5 +1,5 @@
 //! One container through youki's `libcontainer`: create (the init process
-//! waits), start, signal, delete. Called only from the monitor process,
+//! waits), start, exec, signal, delete. Called only from the monitor process,
 //! which is single-threaded: libcontainer forks, and forking a
 //! multi-threaded process is unsafe.
 
@@ -54,6 +54,41 @@ pub fn create(
         .pid()
         .map(|p| p.as_raw())
         .ok_or_else(|| err(id, "created without an init pid"))
+}
+
+/// Starts `args` inside the running container `id` (libcontainer's tenant
+/// builder: its namespaces, cgroup, rootfs, environment, capabilities and
+/// no_new_privs) as the container's own user, in its working directory, as
+/// runc exec does. The process is a child of the caller (the monitor),
+/// which reaps it. Returns its pid.
+pub fn exec(
+    state_root: &Path,
+    id: &str,
+    bundle: &Path,
+    args: Vec<String>,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
+) -> Result<i32, ContainerError> {
+    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .map_err(|e| err(id, format!("exec: {e}")))?;
+    let process = spec.process().clone().unwrap_or_default();
+    let user = process.user();
+    let gids = user.additional_gids().clone().unwrap_or_default();
+    let pid = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_root_path(state_root)
+        .map_err(|e| err(id, e))?
+        .with_stdin(stdin)
+        .with_stdout(stdout)
+        .with_stderr(stderr)
+        .as_tenant()
+        .with_detach(true)
+        .with_container_args(args)
+        .with_cwd(Some(process.cwd().clone()))
+        .with_user(Some(user.uid()))
+        .with_group(Some(user.gid()))
+        .with_additional_gids(gids)
+        .build()
+        .map_err(|e| err(id, format!("exec: {e}")))?;
+    Ok(pid.as_raw())
 }
 
 fn load(state_root: &Path, id: &str) -> Result<Container, ContainerError> {

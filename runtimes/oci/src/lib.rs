@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kinglet_runtime::exec::{ExecOptions, ExecSession};
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
     ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
@@ -305,6 +306,64 @@ impl OciRuntime {
             Ok(())
         })
         .await;
+    }
+
+    /// CRI `Exec` in-process: pipes for the process's streams, their far
+    /// ends handed to the monitor (which starts the process through
+    /// libcontainer and reaps it); the output flows straight from the
+    /// process to the caller. No terminal yet: that comes with `kubectl
+    /// exec -t`.
+    async fn exec_session(
+        &self,
+        id: &str,
+        opts: &ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        use tokio::net::unix::pipe;
+        if opts.tty {
+            return Err(RuntimeError::Unsupported("exec with a terminal"));
+        }
+        if opts.cmd.is_empty() {
+            return Err(RuntimeError::Other("exec: no command given".into()));
+        }
+        let io = |e: std::io::Error| RuntimeError::Other(format!("exec pipes: {e}"));
+        let mk =
+            || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()));
+        let (out_r, out_w) = mk()?;
+        let (err_r, err_w) = mk()?;
+        let (stdin, their_stdin) = if opts.stdin {
+            let (r, w) = mk()?;
+            (Some(w), r)
+        } else {
+            let null = std::fs::File::open("/dev/null").map_err(io)?;
+            (None, std::os::fd::OwnedFd::from(null))
+        };
+        let handle = self
+            .monitor
+            .exec(id, &opts.cmd, [their_stdin, out_w, err_w])
+            .await
+            .map_err(|e| match e {
+                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
+                e => RuntimeError::Other(e.to_string()),
+            })?;
+        let stdout = pipe::Receiver::from_owned_fd(out_r).map_err(io)?;
+        let stderr = pipe::Receiver::from_owned_fd(err_r).map_err(io)?;
+        let stdin = match stdin {
+            Some(w) => Some(Box::pin(pipe::Sender::from_owned_fd(w).map_err(io)?)
+                as kinglet_runtime::exec::Writer),
+            None => None,
+        };
+        Ok(ExecSession {
+            stdin,
+            stdout: Some(Box::pin(stdout)),
+            stderr: Some(Box::pin(stderr)),
+            resize: None,
+            exit: Box::pin(async move {
+                handle
+                    .wait()
+                    .await
+                    .map_err(|e| RuntimeError::Other(e.to_string()))
+            }),
+        })
     }
 
     /// CRI `StopContainer`: the stop signal, then SIGKILL after `timeout`.
@@ -842,6 +901,14 @@ impl Runtime for OciRuntime {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(self.stop(id, timeout))
+    }
+
+    fn exec<'a>(
+        &'a self,
+        id: &'a str,
+        opts: &'a ExecOptions,
+    ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
+        Box::pin(self.exec_session(id, opts))
     }
 
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {

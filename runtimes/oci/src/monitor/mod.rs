@@ -9,13 +9,20 @@
 //! response per line. A `watch` request turns its connection into an event
 //! stream: one [`Event`] line each time a container is created, started,
 //! exits or is deleted, so the agent's PLEG is woken by exits instead of
-//! finding them by relisting.
+//! finding them by relisting. An `exec` request carries the process's
+//! stdin, stdout and stderr as file descriptors (`SCM_RIGHTS`), so its
+//! output flows straight to kinglet and never through the monitor; the
+//! connection then stays open for the exit code, and closing it early kills
+//! the process.
 
 pub mod logs;
 pub mod server;
 
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -49,6 +56,13 @@ pub enum Request {
     List,
     /// Turns this connection into a stream of [`Event`]s (after an `ok`).
     Watch,
+    /// Starts `args` inside running container `id`, on the three file
+    /// descriptors sent with the request; answers [`Response::Exec`], then
+    /// [`Response::Exited`] when the process ends.
+    Exec {
+        id: String,
+        args: Vec<String>,
+    },
     /// Stops the monitor; refused while it has containers.
     Exit,
 }
@@ -106,6 +120,12 @@ pub enum Response {
     Records {
         records: Vec<ContainerRecord>,
     },
+    Exec {
+        pid: i32,
+    },
+    Exited {
+        exit_code: i32,
+    },
     Error {
         message: String,
         /// Absent from monitors older than the field: `failed`.
@@ -157,6 +177,75 @@ impl Watch {
         serde_json::from_str(&self.line)
             .map(Some)
             .map_err(|e| MonitorError::Failed(format!("bad event: {e}")))
+    }
+}
+
+/// A process started by [`Client::exec`]; dropping it before [`wait`]
+/// returns kills the process.
+///
+/// [`wait`]: ExecHandle::wait
+pub struct ExecHandle {
+    pub pid: i32,
+    conn: BufReader<tokio::net::UnixStream>,
+}
+
+impl ExecHandle {
+    /// The process's exit code (128 + signal when a signal ended it).
+    pub async fn wait(mut self) -> Result<i32, MonitorError> {
+        let mut line = String::new();
+        self.conn
+            .read_line(&mut line)
+            .await
+            .map_err(|e| MonitorError::Failed(format!("waiting for exec: {e}")))?;
+        match serde_json::from_str(&line) {
+            Ok(Response::Exited { exit_code }) => Ok(exit_code),
+            _ if line.is_empty() => Err(MonitorError::Failed(
+                "the monitor closed the exec connection before the process ended".into(),
+            )),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+}
+
+/// Sends one request line with file descriptors attached.
+async fn send_with_fds(
+    s: &tokio::net::UnixStream,
+    line: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<()> {
+    loop {
+        s.writable().await?;
+        let sent = s.try_io(tokio::io::Interest::WRITABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+            let mut cmsg = SendAncillaryBuffer::new(&mut space);
+            cmsg.push(SendAncillaryMessage::ScmRights(fds));
+            let iov = [std::io::IoSlice::new(line)];
+            Ok(rustix::net::sendmsg(
+                s,
+                &iov,
+                &mut cmsg,
+                SendFlags::empty(),
+            )?)
+        });
+        match sent {
+            Ok(n) if n == line.len() => return Ok(()),
+            // The fds went with the first part; a unix socket rarely splits
+            // a line this short, but finish it if it did.
+            Ok(n) => {
+                let mut rest = &line[n..];
+                while !rest.is_empty() {
+                    s.writable().await?;
+                    match s.try_write(rest) {
+                        Ok(m) => rest = &rest[m..],
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -225,6 +314,47 @@ impl Client {
             conn,
             line: String::new(),
         })
+    }
+
+    /// Starts `args` in running container `id` with `stdio` (stdin, stdout,
+    /// stderr) as its standard streams; the caller keeps the other ends.
+    pub async fn exec(
+        &self,
+        id: &str,
+        args: &[String],
+        stdio: [OwnedFd; 3],
+    ) -> Result<ExecHandle, MonitorError> {
+        let req = Request::Exec {
+            id: id.into(),
+            args: args.to_vec(),
+        };
+        let mut line = serde_json::to_vec(&req).map_err(|e| MonitorError::Failed(e.to_string()))?;
+        line.push(b'\n');
+        let s = tokio::net::UnixStream::connect(&self.sock)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        let fds: Vec<BorrowedFd<'_>> = stdio.iter().map(|f| f.as_fd()).collect();
+        send_with_fds(&s, &line, &fds)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        // The monitor holds its own copies now.
+        drop(stdio);
+        let mut conn = BufReader::new(s);
+        let mut out = String::new();
+        conn.read_line(&mut out)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        match serde_json::from_str(&out) {
+            Ok(Response::Exec { pid }) => Ok(ExecHandle { pid, conn }),
+            Ok(Response::Error { message, kind }) => Err(match kind {
+                ErrorKind::NotFound => MonitorError::NotFound(message),
+                _ => MonitorError::Failed(message),
+            }),
+            _ if out.is_empty() => Err(MonitorError::Failed(
+                "connection closed without an answer".into(),
+            )),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
     }
 
     pub async fn record(&self, req: &Request) -> Result<ContainerRecord, MonitorError> {

@@ -27,6 +27,8 @@ struct Stream {
 struct Client {
     sock: UnixStream,
     buf: Vec<u8>,
+    /// File descriptors received with the request (an exec's stdio).
+    fds: Vec<OwnedFd>,
 }
 
 struct Monitor {
@@ -38,6 +40,8 @@ struct Monitor {
     logs: HashMap<String, LogFile>,
     /// Connections that asked for events.
     watchers: Vec<UnixStream>,
+    /// Exec'd processes by pid, with the connection waiting for the exit.
+    execs: Vec<(i32, UnixStream)>,
 }
 
 /// Serves `dir` unless a monitor already does. Binds the socket, then forks:
@@ -89,6 +93,7 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
         streams: Vec::new(),
         logs: HashMap::new(),
         watchers: Vec::new(),
+        execs: Vec::new(),
     };
     m.load();
     eprintln!(
@@ -164,6 +169,30 @@ fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
             .join(cg)
             .join("memory.oom_control")
     })
+}
+
+/// A wait status as an exit code: 128 + signal when a signal ended it.
+fn exit_code_of(status: i32) -> i32 {
+    if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        libc::WEXITSTATUS(status)
+    }
+}
+
+/// Reads what a client sent, keeping the file descriptors that came with it.
+fn recv(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let r = rustix::net::recvmsg(sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)?;
+    for m in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(it) = m {
+            fds.extend(it);
+        }
+    }
+    Ok(r.bytes)
 }
 
 fn pollfd(fd: std::os::fd::RawFd) -> libc::pollfd {
@@ -259,6 +288,7 @@ impl Monitor {
             fds.extend(clients.iter().map(|c| pollfd(c.sock.as_raw_fd())));
             fds.extend(self.streams.iter().map(|s| pollfd(s.fd.as_raw_fd())));
             fds.extend(self.watchers.iter().map(|w| pollfd(w.as_raw_fd())));
+            fds.extend(self.execs.iter().map(|(_, c)| pollfd(c.as_raw_fd())));
             // SAFETY: fds is a valid array of pollfd for the call.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
             if n < 0 {
@@ -269,14 +299,16 @@ impl Monitor {
                 return Err(format!("poll: {e}"));
             }
             let ready = |i: usize| fds.get(i).is_some_and(|f| f.revents != 0);
-            let (nc, ns) = (clients.len(), self.streams.len());
+            let (nc, ns, nw) = (clients.len(), self.streams.len(), self.watchers.len());
             // Output first, so logs are complete before an exit is recorded.
             let streams: Vec<bool> = (0..ns).map(|i| ready(2 + nc + i)).collect();
             self.read_streams(&streams);
-            let watchers: Vec<bool> = (0..self.watchers.len())
-                .map(|i| ready(2 + nc + ns + i))
-                .collect();
+            let watchers: Vec<bool> = (0..nw).map(|i| ready(2 + nc + ns + i)).collect();
             self.drop_gone_watchers(&watchers);
+            let execs: Vec<bool> = (0..self.execs.len())
+                .map(|i| ready(2 + nc + ns + nw + i))
+                .collect();
+            self.kill_abandoned_execs(&execs);
             if ready(0) {
                 let mut buf = [0u8; 128 * 8];
                 while matches!(rustix::io::read(&sigfd, &mut buf), Ok(n) if n > 0) {}
@@ -288,6 +320,7 @@ impl Monitor {
                     clients.push(Client {
                         sock,
                         buf: Vec::new(),
+                        fds: Vec::new(),
                     });
                 }
             }
@@ -352,6 +385,48 @@ impl Monitor {
         });
     }
 
+    /// An exec's connection never sends after its request: readable means
+    /// the caller went away (a timeout, a closed stream), and the process
+    /// is killed, as CRI kills an exec whose caller is gone. Its exit is
+    /// still reaped by [`Monitor::reap`].
+    fn kill_abandoned_execs(&mut self, ready: &[bool]) {
+        let mut i = 0;
+        self.execs.retain_mut(|(pid, c)| {
+            let gone = ready.get(i).copied().unwrap_or(false) && {
+                let mut buf = [0u8; 64];
+                !matches!(c.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            };
+            i += 1;
+            if gone {
+                // SAFETY: kill(2) on our own child, not yet reaped (reaping
+                // removes it from this list), so the pid is not reused.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            !gone
+        });
+    }
+
+    /// Starts an exec from a client's request and its three fds; its
+    /// connection then waits for the exit.
+    fn exec(&mut self, id: &str, args: Vec<String>, fds: Vec<OwnedFd>) -> Result<i32, Response> {
+        let Some(r) = self.records.get(id) else {
+            return Err(not_found(id));
+        };
+        if r.status != "running" {
+            return Err(failed(format!(
+                "container {id} is not running ({})",
+                r.status
+            )));
+        }
+        let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
+            return Err(failed(
+                "exec needs three file descriptors (stdin, stdout, stderr)".into(),
+            ));
+        };
+        container::exec(&self.state_root, id, &r.bundle, args, stdio)
+            .map_err(|e| failed(e.to_string()))
+    }
+
     /// Answers the requests of the clients that are ready. A `watch` turns
     /// its connection into a watcher at once (anything it sent after the
     /// request is ignored: the connection is a stream from then on).
@@ -362,7 +437,7 @@ impl Monitor {
                 continue;
             }
             let mut buf = [0u8; 8192];
-            match c.sock.read(&mut buf) {
+            match recv(&c.sock, &mut buf, &mut c.fds) {
                 Ok(0) => gone[i] = true,
                 Ok(n) => c.buf.extend_from_slice(&buf[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -372,10 +447,22 @@ impl Monitor {
                 let line: Vec<u8> = c.buf.drain(..=nl).collect();
                 let req = serde_json::from_slice::<Request>(&line);
                 let watch = matches!(req, Ok(Request::Watch));
+                let mut exec_pid = None;
                 let resp = match req {
+                    Ok(Request::Exec { id, args }) => {
+                        match self.exec(&id, args, std::mem::take(&mut c.fds)) {
+                            Ok(pid) => {
+                                exec_pid = Some(pid);
+                                Response::Exec { pid }
+                            }
+                            Err(r) => r,
+                        }
+                    }
                     Ok(req) => self.handle(req),
                     Err(e) => failed(format!("bad request: {e}")),
                 };
+                // Descriptors not taken by an exec are not kept around.
+                c.fds.clear();
                 let mut out = serde_json::to_vec(&resp).unwrap_or_default();
                 out.push(b'\n');
                 let _ = c.sock.set_nonblocking(false);
@@ -384,6 +471,17 @@ impl Monitor {
                 if watch {
                     if let Ok(w) = c.sock.try_clone() {
                         self.watchers.push(w);
+                    }
+                    gone[i] = true;
+                    break;
+                }
+                if let Some(pid) = exec_pid {
+                    match c.sock.try_clone() {
+                        Ok(w) => self.execs.push((pid, w)),
+                        // SAFETY: as in kill_abandoned_execs.
+                        Err(_) => unsafe {
+                            libc::kill(pid, libc::SIGKILL);
+                        },
                     }
                     gone[i] = true;
                     break;
@@ -406,6 +504,16 @@ impl Monitor {
             let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
             if pid <= 0 {
                 break;
+            }
+            if let Some(at) = self.execs.iter().position(|(p, _)| *p == pid) {
+                let (_, mut conn) = self.execs.swap_remove(at);
+                let exit_code = exit_code_of(status);
+                let mut out =
+                    serde_json::to_vec(&Response::Exited { exit_code }).unwrap_or_default();
+                out.push(b'\n');
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.write_all(&out);
+                continue;
             }
             let Some(id) = self.pids.remove(&pid) else {
                 continue;
@@ -436,6 +544,8 @@ impl Monitor {
     fn handle(&mut self, req: Request) -> Response {
         match req {
             Request::Ping | Request::Watch => Response::Ok,
+            // Served by serve_clients, which has the request's fds.
+            Request::Exec { .. } => failed("exec without its file descriptors".into()),
             Request::Exit => self.exit(),
             Request::List => Response::Records {
                 records: self.records.values().cloned().collect(),
