@@ -387,6 +387,7 @@ fn node_context(
         min_oom_score_adj,
         container_id_scheme: id_scheme.to_string(),
         clock: pods::plan::Clock::System,
+        started: Some(tokio::time::Instant::now()),
         objects: client.map(|c| {
             Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
         }),

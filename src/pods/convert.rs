@@ -32,6 +32,9 @@ pub struct NodeContext {
     pub objects: Option<std::sync::Arc<dyn ObjectSource>>,
     /// The wall clock container times are compared with.
     pub clock: super::plan::Clock,
+    /// When the agent started (first probes are jittered within a period
+    /// of it); `None`: long ago.
+    pub started: Option<tokio::time::Instant>,
 }
 
 /// The two kinds of object a container's environment may read.
@@ -281,6 +284,17 @@ pub fn pod_name(pod: &Pod) -> String {
     )
 }
 
+/// `name_namespace(uid)`, as upstream's `format.Pod` writes a pod in
+/// messages users read (hook failures).
+pub fn format_pod(pod: &Pod) -> String {
+    format!(
+        "{}_{}({})",
+        pod.metadata.name.as_deref().unwrap_or(""),
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.uid.as_deref().unwrap_or("")
+    )
+}
+
 /// `base/name` when `name` is one plain path component (not empty, not
 /// `.` or `..`, no `/` or NUL), so the result cannot leave `base`.
 pub fn contained_child(base: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
@@ -434,6 +448,18 @@ fn port_mappings(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<PortMapping>
 /// `CreateContainerConfigError`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct ConfigError(pub String);
+
+/// A probe's or hook's command with `$(VAR)` expanded from the container's
+/// literal `env` values only (upstream's `ExpandContainerCommandOnlyStatic`).
+pub fn expand_static(cmd: &[String], c: &Container) -> Vec<String> {
+    let env: BTreeMap<String, String> = c
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .collect();
+    cmd.iter().map(|s| expand(s, &env)).collect()
+}
 
 /// Expands `$(VAR)` from `env`; `$$(VAR)` escapes, unknown stays as is.
 pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {

@@ -14,6 +14,9 @@
 //!   and, through [`api_writer`], the API), computed by [`status`];
 //! - [`validate`]: the one gate every pod (static or API) passes before
 //!   anything of it touches the disk;
+//! - [`prober`]: liveness, readiness and startup probes, one task per
+//!   container and kind, owned by the worker; [`hooks`]: `postStart` and
+//!   `preStop`;
 //! - [`images`] (pull policy, pull secrets, pull back-off), [`objects`]
 //!   (ConfigMaps and Secrets), [`image_gc`], [`convert`] (pod spec →
 //!   runtime configs), [`logs`], [`ls`] (`kinglet pods ls`).
@@ -28,6 +31,7 @@ pub mod convert;
 pub mod file;
 #[cfg(test)]
 mod fuzz;
+pub mod hooks;
 pub mod image_gc;
 pub mod images;
 pub mod logs;
@@ -37,6 +41,7 @@ pub mod objects;
 pub mod plan;
 pub mod pleg;
 pub mod pod_workers;
+pub mod prober;
 pub mod report;
 pub mod sources;
 pub mod status;

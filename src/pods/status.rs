@@ -5,13 +5,32 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState as KState, ContainerStateRunning, ContainerStateTerminated,
+    Container, ContainerState as KState, ContainerStateRunning, ContainerStateTerminated,
     ContainerStateWaiting, ContainerStatus as KStatus, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus, WaitingReason};
 
 use super::images::Waiting;
+
+/// What the probes say of a running container (the prober answers; a pod
+/// without probes is started and ready once running).
+pub trait Health {
+    fn started(&self, c: &Container, id: &str) -> bool;
+    fn ready(&self, c: &Container, id: &str) -> bool;
+}
+
+/// No probes: running is started and ready.
+pub struct Unprobed;
+
+impl Health for Unprobed {
+    fn started(&self, _: &Container, _: &str) -> bool {
+        true
+    }
+    fn ready(&self, _: &Container, _: &str) -> bool {
+        true
+    }
+}
 
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
@@ -57,13 +76,14 @@ fn waiting_state(reason: WaitingReason, message: Option<&str>) -> KState {
 
 /// Builds the status of one container spec.
 fn container_status(
-    name: &str,
-    image: &str,
+    spec: &Container,
     all: &[ContainerStatus],
     waiting: Option<&Waiting>,
     default: WaitingReason,
     scheme: &str,
+    health: &dyn Health,
 ) -> KStatus {
+    let (name, image) = (spec.name.as_str(), spec.image.as_deref().unwrap_or(""));
     let reason = waiting.map_or(default, |w| w.0);
     let tries = attempts(all, name);
     let latest = tries.first();
@@ -91,14 +111,16 @@ fn container_status(
         }
     };
     let running = state.running.is_some();
+    let id = latest.map_or("", |c| c.id.as_str());
+    let started = running && health.started(spec, id);
     KStatus {
         name: name.into(),
         image: latest.map_or(image.into(), |c| c.image.clone()),
         image_id: latest.map_or(String::new(), |c| c.image_ref.clone()),
         container_id: latest.map(|c| format!("{scheme}{}", c.id)),
         restart_count: latest.map_or(0, |c| c.attempt as i32),
-        ready: running,
-        started: Some(running),
+        ready: started && health.ready(spec, id),
+        started: Some(started),
         state: Some(state),
         last_state: Some(last.unwrap_or_default()),
         ..Default::default()
@@ -138,6 +160,7 @@ pub fn pod_status(
     sandbox_ready: bool,
     waiting: &BTreeMap<String, Waiting>,
     at: &Placement<'_>,
+    health: &dyn Health,
 ) -> PodStatus {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
@@ -148,14 +171,14 @@ pub fn pod_status(
     } else {
         WaitingReason::ContainerCreating
     };
-    let status_of = |c: &k8s_openapi::api::core::v1::Container| {
+    let status_of = |c: &Container| {
         container_status(
-            &c.name,
-            c.image.as_deref().unwrap_or(""),
+            c,
             containers,
             waiting.get(&c.name),
             default,
             at.scheme,
+            health,
         )
     };
     let inits: Vec<KStatus> = spec
@@ -185,6 +208,7 @@ pub fn pod_status(
     // each condition say which generation of the spec they describe.
     let generation = pod.metadata.generation;
     let mut conditions = conditions(phase, &regular, &init, sandbox_ready);
+    gate_readiness(pod, &mut conditions);
     for c in &mut conditions {
         c.observed_generation = generation;
     }
@@ -306,6 +330,43 @@ fn initialized(phase: &str, regular: &[KStatus], init: &InitProgress) -> PodCond
     c
 }
 
+/// `spec.readinessGates`: a pod whose containers are ready is Ready only
+/// when each gate's condition (set by someone else in the pod's status) is
+/// True, with upstream's `ReadinessGatesNotReady` messages.
+fn gate_readiness(pod: &Pod, conditions: &mut [PodCondition]) {
+    let gates = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten());
+    let current = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let unready: Vec<String> = gates
+        .filter_map(|g| {
+            let t = &g.condition_type;
+            match current.and_then(|cs| cs.iter().find(|c| &c.type_ == t)) {
+                None => Some(format!(
+                    "corresponding condition of pod readiness gate {t:?} does not exist."
+                )),
+                Some(c) if c.status != "True" => Some(format!(
+                    "the status of pod readiness gate {t:?} is not \"True\", but {}",
+                    c.status
+                )),
+                Some(_) => None,
+            }
+        })
+        .collect();
+    let Some(ready) = conditions.iter_mut().find(|c| c.type_ == "Ready") else {
+        return;
+    };
+    if ready.status == "True" && !unready.is_empty() {
+        *ready = condition(
+            "Ready",
+            false,
+            Some("ReadinessGatesNotReady".into()),
+            Some(unready.join(", ")),
+        );
+    }
+}
+
 /// The five pod conditions with upstream's reasons and messages.
 fn conditions(
     phase: &str,
@@ -355,7 +416,7 @@ mod tests {
             start_time: &t,
             scheme: "x://",
         };
-        pod_status(&pod, containers, true, &BTreeMap::new(), &at)
+        pod_status(&pod, containers, true, &BTreeMap::new(), &at, &Unprobed)
     }
 
     /// The status of a pod none of whose containers exist yet.

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{
     ContainerState, ContainerStatus, Runtime, SandboxConfig, SandboxStatus, WaitingReason,
@@ -32,8 +32,9 @@ use super::convert::{self, NodeContext, pod_name};
 use super::images::{ImageManager, Waiting};
 use super::plan::{self, Backoffs, Step};
 use super::pleg::PodCache;
+use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
-use super::status;
+use super::status::{self, Health, Unprobed};
 
 /// Why and how a pod is to be stopped (upstream's `KillPodOptions`): the
 /// one hook deletion, eviction, the active deadline and liveness use.
@@ -65,6 +66,10 @@ impl PodUpdate {
         self.removed || self.pod.metadata.deletion_timestamp.is_some()
     }
 }
+
+/// Upstream's `minimumGracePeriodInSeconds`: what a container has at least
+/// after its `preStop` hook took the grace period.
+const MIN_GRACE_AFTER_HOOK: Duration = Duration::from_secs(2);
 
 /// What a sync round waits for next.
 type Wake = Option<Duration>;
@@ -98,6 +103,10 @@ pub struct Worker {
     /// many changes it has made.
     last_action: u64,
     actions: u64,
+    /// The pod's probe tasks, made when the worker runs (they wake it).
+    prober: Option<Prober>,
+    /// The pod's updates, so a hook stops waiting when a kill arrives.
+    updates: Option<watch::Receiver<PodUpdate>>,
 }
 
 impl Worker {
@@ -126,6 +135,8 @@ impl Worker {
             log_messages: BTreeMap::new(),
             last_action: 0,
             actions: 0,
+            prober: None,
+            updates: None,
         }
     }
 
@@ -142,6 +153,13 @@ impl Worker {
         wake: Arc<Notify>,
         shutdown: CancellationToken,
     ) {
+        self.prober = Some(Prober::new(
+            self.runtime.clone(),
+            self.rep.clone(),
+            wake.clone(),
+            self.node.started,
+        ));
+        self.updates = Some(updates.clone());
         let Some(u) = self.syncing(&mut updates, &wake, &shutdown).await else {
             return;
         };
@@ -226,39 +244,159 @@ impl Worker {
     }
 
     /// Stops every container within the grace period (then SIGKILL, by the
-    /// runtime) and reports the final status.
+    /// runtime), each after its `preStop` hook, and reports the final
+    /// status. Probes stop first: nothing restarts a container now.
     async fn terminate(&mut self, u: &PodUpdate) {
         let pod = &u.pod;
         let grace = Self::grace(pod, u.kill.as_ref());
         self.killed = u.kill.clone();
+        if let Some(p) = &mut self.prober {
+            p.stop();
+        }
         let current = self.cache.newer_than(&self.uid, self.last_action).await;
-        let running: Vec<&ContainerStatus> = current
+        let running: Vec<(&Container, &ContainerStatus)> = current
             .iter()
             .filter(|c| c.state != ContainerState::Exited)
+            .filter_map(|st| Self::container(pod, &st.name).map(|c| (c, st)))
             .collect();
-        let stops = running.iter().map(|c| {
-            let rt = self.runtime.clone();
-            let id = c.id.clone();
-            async move { rt.stop_container(&id, grace).await }
+        let stops = running.iter().map(|(c, st)| {
+            let msg = format!("Stopping container {}", c.name);
+            self.kill_container(pod, c, &st.id, grace, msg)
         });
-        for (r, c) in futures::future::join_all(stops)
-            .await
-            .into_iter()
-            .zip(&running)
-        {
-            match r {
-                Err(e) => {
-                    warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping container failed")
-                }
-                Ok(()) => {
-                    let msg = format!("Stopping container {}", c.name);
-                    self.rep.event(pod, "Normal", "Killing", msg).await;
-                }
-            }
-        }
+        futures::future::join_all(stops).await;
         self.acted();
         let current = self.cache.newer_than(&self.uid, self.last_action).await;
         self.report(pod, &current, self.sandbox.is_some()).await;
+    }
+
+    /// Kills one container as upstream's `killContainer`: the `Killing`
+    /// event, the `preStop` hook within the grace period, then the stop
+    /// signal with what is left of it (at least upstream's 2 s after a
+    /// hook), SIGKILL after.
+    async fn kill_container(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        id: &str,
+        grace: Duration,
+        msg: String,
+    ) {
+        self.rep.event(pod, "Normal", "Killing", msg).await;
+        let mut left = grace;
+        let pre_stop = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref());
+        if let Some(h) = pre_stop.filter(|_| !grace.is_zero()) {
+            let began = Instant::now();
+            if let Ok(Err(msg)) = tokio::time::timeout(grace, self.hook(pod, c, id, h)).await {
+                self.rep
+                    .event(pod, "Warning", "FailedPreStopHook", msg)
+                    .await;
+            }
+            left = grace
+                .saturating_sub(began.elapsed())
+                .max(MIN_GRACE_AFTER_HOOK);
+        }
+        if let Err(e) = self.runtime.stop_container(id, left).await {
+            warn!(pod = %pod_name(pod), container = %c.name, error = %e, "stopping container failed");
+        }
+    }
+
+    async fn hook(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        id: &str,
+        h: &LifecycleHandler,
+    ) -> Result<(), String> {
+        super::hooks::run(&*self.runtime, pod, c, id, h, &self.pod_ip()).await
+    }
+
+    /// Runs `postStart`; `None` when a kill of the pod arrived first (the
+    /// termination then stops the container).
+    async fn post_start(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        id: &str,
+        h: &LifecycleHandler,
+    ) -> Option<Result<(), String>> {
+        let hook = self.hook(pod, c, id, h);
+        let Some(mut rx) = self.updates.clone() else {
+            return Some(hook.await);
+        };
+        tokio::select! {
+            r = hook => Some(r),
+            _ = rx.wait_for(|u| u.wants_termination()) => None,
+        }
+    }
+
+    /// The containers probes watch: running regular containers and sidecars.
+    fn probed<'p>(
+        pod: &'p Pod,
+        current: &'p [ContainerStatus],
+    ) -> Vec<(&'p Container, &'p ContainerStatus)> {
+        let Some(spec) = pod.spec.as_ref() else {
+            return Vec::new();
+        };
+        let sidecars = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        sidecars
+            .chain(spec.containers.iter())
+            .filter_map(|c| {
+                let latest = status::attempts(current, &c.name).into_iter().next()?;
+                (latest.state == ContainerState::Running).then_some((c, latest))
+            })
+            .collect()
+    }
+
+    /// Keeps the probe tasks in step with the running containers and kills
+    /// those whose liveness or startup probe failed (the plan restarts
+    /// them per the restart policy). `true` when it killed one.
+    async fn probe_and_kill(&mut self, pod: &Pod, current: &[ContainerStatus]) -> bool {
+        let running = Self::probed(pod, current);
+        let pod_ip = self.pod_ip();
+        let Some(prober) = self.prober.as_mut() else {
+            return false;
+        };
+        prober.sync(pod, &running, &pod_ip);
+        let failed: Vec<(&Container, &ContainerStatus, Kind)> = running
+            .iter()
+            .filter_map(|(c, st)| prober.failed(&st.id).map(|k| (*c, *st, k)))
+            .collect();
+        for (c, st, kind) in &failed {
+            let what = if *kind == Kind::Startup {
+                "startup"
+            } else {
+                "liveness"
+            };
+            let msg = format!(
+                "Container {} failed {what} probe, will be restarted",
+                c.name
+            );
+            let grace = kind
+                .spec(c)
+                .and_then(|p| p.termination_grace_period_seconds)
+                .map_or_else(
+                    || Self::grace(pod, None),
+                    |s| Duration::from_secs(s.max(0) as u64),
+                );
+            self.kill_container(pod, c, &st.id, grace, msg).await;
+        }
+        if !failed.is_empty() {
+            self.acted();
+        }
+        !failed.is_empty()
+    }
+
+    /// Pods with their own network have the sandbox's IP; host-network
+    /// pods (or nodes without CNI) the node's.
+    fn pod_ip(&self) -> String {
+        self.sandbox
+            .as_ref()
+            .and_then(|s| s.ip.clone())
+            .unwrap_or_else(|| self.node.node_ip.clone())
     }
 
     /// Removes everything of the pod from the node.
@@ -320,6 +458,9 @@ impl Worker {
                 return Some(retry);
             }
         };
+        if self.probe_and_kill(pod, current).await {
+            return None;
+        }
         let now = Instant::now();
         let wall = self.node.clock.now_nanos();
         let steps = plan::plan(pod, current, &self.backoffs, wall, now);
@@ -581,7 +722,22 @@ impl Worker {
         }
         let msg = format!("Started container {}", c.name);
         self.rep.event(pod, "Normal", "Started", msg).await;
-        Ok(())
+        let post_start = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref());
+        let Some(h) = post_start else {
+            return Ok(());
+        };
+        match self.post_start(pod, c, &id, h).await {
+            Some(Err(msg)) => {
+                self.rep
+                    .event(pod, "Warning", "FailedPostStartHook", msg.clone())
+                    .await;
+                let grace = Self::grace(pod, None);
+                self.kill_container(pod, c, &id, grace, "FailedPostStartHook".into())
+                    .await;
+                Err((WaitingReason::PostStartHookError, msg, true))
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn failed(
@@ -638,13 +794,11 @@ impl Worker {
 
     async fn report(&mut self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
         let current = &self.with_log_messages(pod, current)[..];
-        // Pods with their own network have the sandbox's IP; host-network
-        // pods (or nodes without CNI) the node's.
-        let pod_ip = self
-            .sandbox
-            .as_ref()
-            .and_then(|s| s.ip.clone())
-            .unwrap_or_else(|| self.node.node_ip.clone());
+        let pod_ip = self.pod_ip();
+        let health: &dyn Health = match &self.prober {
+            Some(p) => p,
+            None => &Unprobed,
+        };
         let mut st = status::pod_status(
             pod,
             current,
@@ -656,6 +810,7 @@ impl Worker {
                 start_time: &self.start_time,
                 scheme: &self.node.container_id_scheme,
             },
+            health,
         );
         if let Some(k) = self.killed.as_ref().filter(|k| !k.reason.is_empty()) {
             st.phase = Some("Failed".into());

@@ -29,6 +29,8 @@ struct FakeState {
     images: BTreeMap<String, ImageInfo>,
     /// Exit code each named container gets when it starts (None: runs).
     exits: BTreeMap<String, i32>,
+    /// Exit code of an exec in each container ID (absent: not found).
+    exec_exits: BTreeMap<String, i32>,
     /// Recorded calls, e.g. `start <name>`.
     pub calls: Vec<String>,
     /// Container times follow tokio's (pausable) clock from this base.
@@ -80,6 +82,7 @@ impl FakeRuntime {
                 containers: BTreeMap::new(),
                 images: BTreeMap::new(),
                 exits: BTreeMap::new(),
+                exec_exits: BTreeMap::new(),
                 calls: Vec::new(),
                 tokio_clock: None,
             }),
@@ -91,6 +94,11 @@ impl FakeRuntime {
     /// paused time see exits age as their back-offs do.
     pub fn follow_tokio_clock(&self) {
         self.lock().tokio_clock = Some((system_nanos(), tokio::time::Instant::now()));
+    }
+
+    /// What an exec in container `id` exits with from now on.
+    pub fn set_exec_exit(&self, id: &str, code: i32) {
+        self.lock().exec_exits.insert(id.into(), code);
     }
 
     /// Makes every call fail as if the runtime's socket were gone.
@@ -172,6 +180,25 @@ impl FakeRuntime {
 }
 
 impl Runtime for FakeRuntime {
+    fn exec_sync<'a>(
+        &'a self,
+        id: &'a str,
+        cmd: &'a [String],
+        _timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<crate::ExecResult, RuntimeError>> {
+        let mut st = self.lock();
+        st.calls.push(format!("exec {id} {}", cmd.join(" ")));
+        let r = match st.exec_exits.get(id) {
+            Some(code) => Ok(crate::ExecResult {
+                exit_code: *code,
+                stdout: format!("exit {code}\n").into_bytes(),
+                stderr: Vec::new(),
+            }),
+            None => Err(RuntimeError::NotFound(format!("container {id}"))),
+        };
+        Box::pin(async move { r })
+    }
+
     fn version(&self) -> BoxFuture<'_, Result<RuntimeVersion, RuntimeError>> {
         Box::pin(async move {
             self.check_up()?;

@@ -327,6 +327,7 @@ pub enum WaitingReason {
     CreateContainerConfigError,
     CreateContainerError,
     RunContainerError,
+    PostStartHookError,
 }
 
 impl WaitingReason {
@@ -342,6 +343,7 @@ impl WaitingReason {
             WaitingReason::CreateContainerConfigError => "CreateContainerConfigError",
             WaitingReason::CreateContainerError => "CreateContainerError",
             WaitingReason::RunContainerError => "RunContainerError",
+            WaitingReason::PostStartHookError => "PostStartHookError",
         }
     }
 

@@ -408,23 +408,28 @@ impl Monitor {
 
     /// Starts an exec from a client's request and its three fds; its
     /// connection then waits for the exit.
-    fn exec(&mut self, id: &str, args: Vec<String>, fds: Vec<OwnedFd>) -> Result<i32, Response> {
+    fn exec(
+        &mut self,
+        id: &str,
+        args: Vec<String>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<i32, Box<Response>> {
         let Some(r) = self.records.get(id) else {
-            return Err(not_found(id));
+            return Err(Box::new(not_found(id)));
         };
         if r.status != "running" {
-            return Err(failed(format!(
+            return Err(Box::new(failed(format!(
                 "container {id} is not running ({})",
                 r.status
-            )));
+            ))));
         }
         let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
-            return Err(failed(
+            return Err(Box::new(failed(
                 "exec needs three file descriptors (stdin, stdout, stderr)".into(),
-            ));
+            )));
         };
         container::exec(&self.state_root, id, &r.bundle, args, stdio)
-            .map_err(|e| failed(e.to_string()))
+            .map_err(|e| Box::new(failed(e.to_string())))
     }
 
     /// Answers the requests of the clients that are ready. A `watch` turns
@@ -455,7 +460,7 @@ impl Monitor {
                                 exec_pid = Some(pid);
                                 Response::Exec { pid }
                             }
-                            Err(r) => r,
+                            Err(r) => *r,
                         }
                     }
                     Ok(req) => self.handle(req),
