@@ -29,13 +29,24 @@ pub fn busybox_usr1_archive() -> &'static Path {
     A.get_or_init(|| build_busybox("busybox-usr1", &["kinglet.test/busybox-usr1:1", "SIGUSR1"]))
 }
 
+/// Upstream's test image agnhost (built from its Go module), as
+/// `kinglet.test/agnhost:2.66.1` (the version the control plane pins).
+pub fn agnhost_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| build_image("agnhost.sh", "agnhost", &[]))
+}
+
 fn build_busybox(stem: &str, args: &[&str]) -> PathBuf {
+    build_image("busybox.sh", stem, args)
+}
+
+fn build_image(script: &str, stem: &str, args: &[&str]) -> PathBuf {
     // In the cluster dir, one file of each kind replaced each run: runs
     // leave nothing behind in /tmp.
     let dir = super::cluster_dir().join("images");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{stem}-{}.tar", std::process::id()));
-    let st = Command::new(super::repo().join("tests/images/busybox.sh"))
+    let st = Command::new(super::repo().join("tests/images").join(script))
         .arg(&out)
         .args(args)
         .status()
