@@ -16,6 +16,8 @@
 //! PATTERN picks the node's processes by command line (its work dir);
 //! LEVELS is the pod counts to measure memory at, `10,30,110` by default.
 //! (tests/bench/pods.sh and tests/bench/run.sh set everything up.)
+//! With BENCH_PROBES set, every pod has a readiness (HTTP) and a liveness
+//! (exec) probe.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -26,14 +28,29 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 
-fn pod(name: &str, node: &str) -> Pod {
+fn pod(name: &str, node: &str, i: usize) -> Pod {
+    let mut c = json!({"name": "c", "image": "kinglet.test/busybox:1", "imagePullPolicy": "IfNotPresent",
+                       "command": ["sleep", "100000"]});
+    // BENCH_PROBES: each pod serves HTTP and is probed as a typical
+    // workload is, readiness over HTTP and liveness by exec, each every
+    // 1–10 s (spread over the pods).
+    if std::env::var_os("BENCH_PROBES").is_some() {
+        c["command"] = json!([
+            "sh",
+            "-c",
+            "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 8080 -h /www"
+        ]);
+        c["readinessProbe"] =
+            json!({"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1 + i % 10});
+        c["livenessProbe"] =
+            json!({"exec": {"command": ["cat", "/www/index.html"]}, "periodSeconds": 10 - i % 10});
+    }
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"bench": "kinglet"}},
         "spec": {
             "nodeName": node, "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": false,
-            "containers": [{"name": "c", "image": "kinglet.test/busybox:1", "imagePullPolicy": "IfNotPresent",
-                            "command": ["sleep", "100000"]}]
+            "containers": [c]
         }
     }))
     .unwrap()
@@ -212,7 +229,7 @@ async fn main() {
     for i in 0..total {
         let name = format!("bench-{i}");
         let t = Instant::now();
-        pods.create(&PostParams::default(), &pod(&name, node))
+        pods.create(&PostParams::default(), &pod(&name, node, i))
             .await
             .unwrap();
         created.insert(name.clone(), t);

@@ -710,6 +710,23 @@ async fn exec_in_a_running_container(runtime: &dyn kinglet_runtime::Runtime, id:
         .exec_sync("no-such-container", &cmd("true"), Duration::from_secs(5))
         .await;
     assert!(gone.is_err(), "{gone:?}");
+    // What an exec probe costs: 50 `true` execs one after another.
+    let mut ms = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let r = runtime
+            .exec_sync(id, &["true".to_string()], Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(r.exit_code, 0);
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let name = runtime.version().await.unwrap().runtime_name;
+    eprintln!(
+        "figure: exec latency ({name}), 50 execs of true: p50 {:.1} ms, p99 {:.1} ms",
+        ms[25], ms[49]
+    );
 }
 
 /// The runtime calls eviction, image GC and probes will use, made beside a

@@ -366,6 +366,14 @@ async fn lifecycle_hooks_run_as_upstream(rt: Rt) {
     .await;
     assert!(msg.contains("connection refused"), "{msg}");
 
+    // An exec probe whose binary is missing: upstream's Unhealthy event,
+    // never Ready, never restarted (readiness does not restart).
+    create(&pods, &node, &p("nobinary"), "", &format!("  terminationGracePeriodSeconds: 1\n  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, 'sleep 600']\n    readinessProbe: {{exec: {{command: [/no/such/probe]}}, periodSeconds: 1}}\n")).await;
+    let msg = wait_event(&admin, &p("nobinary"), "Unhealthy", "Readiness probe").await;
+    assert!(msg.contains("/no/such/probe"), "{msg}");
+    let nb = pods.get(&p("nobinary")).await.unwrap();
+    assert!(!is_ready(&nb) && restarts(&nb) == 0, "{:?}", nb.status);
+
     // Probe-level grace: the container ignores SIGTERM and the pod grants
     // 600 s, the liveness probe only 1 s: the restart does not wait.
     create(&pods, &node, &p("probegrace"), "", &format!("  terminationGracePeriodSeconds: 600\n  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, 'trap \"\" TERM; sleep 600']\n    livenessProbe: {{exec: {{command: [cat, /nonexistent]}}, initialDelaySeconds: 1, periodSeconds: 1, failureThreshold: 1, terminationGracePeriodSeconds: 1}}\n")).await;
@@ -413,12 +421,26 @@ async fn lifecycle_hooks_run_as_upstream(rt: Rt) {
         t0.elapsed()
     );
 
-    for s in ["handler", "hooked", "badhook", "nohost", "probegrace"] {
+    for s in [
+        "handler",
+        "hooked",
+        "badhook",
+        "nohost",
+        "nobinary",
+        "probegrace",
+    ] {
         let _ = pods
             .delete(&p(s), &DeleteParams::default().grace_period(0))
             .await;
     }
-    for s in ["handler", "hooked", "badhook", "nohost", "probegrace"] {
+    for s in [
+        "handler",
+        "hooked",
+        "badhook",
+        "nohost",
+        "nobinary",
+        "probegrace",
+    ] {
         wait_for(
             &format!("{} gone", p(s)),
             Duration::from_secs(60),

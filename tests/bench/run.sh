@@ -14,16 +14,22 @@
 # is reported as pending until kinglet evicts.
 # Output: a table on stdout, target/bench/results.{json,md}, and SVG plots
 # target/bench/memory.svg and target/bench/startup.svg.
-#   tests/bench/run.sh [--quick]      (--quick: fewer pods and samples)
+#   tests/bench/run.sh [--quick | --probes]
+# (--quick: fewer pods and samples; --probes: 30 pods each with a readiness
+# probe over HTTP and a liveness probe by exec, every 1-10 s, and the CPU
+# and memory that costs, into target/bench/probes/)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
-quick=0
+quick=0 out=target/bench
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
   pods=10 levels=10 idle=5
   export BENCH_DELETES=5
+elif [ "${1:-}" = --probes ]; then
+  pods=30 levels=30 idle=60 out=target/bench/probes
+  export BENCH_PROBES=1 BENCH_DELETES=10
 else
   pods=50 levels=10,30,110 idle=60
   export BENCH_DELETES=20
@@ -33,7 +39,6 @@ start=$(date +%s)
 cargo build --release --locked --bin kinglet --example bench_pods >&2
 kubelet=$(tests/bench/build-kubelet.sh | tail -n1)
 admin=$(tests/cluster/up.sh | tail -n1)
-out=target/bench
 mkdir -p "$out"
 work=$(mktemp -d /tmp/kinglet-bench.XXXXXX)
 tests/images/busybox.sh "$work/busybox.tar" >/dev/null
