@@ -174,6 +174,8 @@ impl Kubelet {
             memory: u128::from(memory),
             pods: cfg.max_pods.max(0) as usize,
             labels: node::NodeTemplate::from_settings(s).labels,
+            sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
+                .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
         };
         let (manager, _killer, pod_tx, inputs) = pods::PodManager::new(
             started.runtime.clone(),

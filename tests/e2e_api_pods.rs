@@ -312,6 +312,44 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
     .await;
     assert_eq!(sel.status.unwrap().phase.as_deref(), Some("Failed"));
 
+    // An unsafe sysctl is refused before anything runs; a safe one runs.
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-sysctl}}\nspec:\n  nodeName: {name}\n  securityContext: {{sysctls: [{{name: kernel.msgmax, value: '10000'}}]}}\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never}}\n"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let forbidden = wait_for("SysctlForbidden", Duration::from_secs(30), || async {
+        pods.get_opt(&format!("{name}-sysctl"))
+            .await
+            .ok()
+            .flatten()
+            .filter(|p| {
+                p.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("SysctlForbidden")
+            })
+    })
+    .await;
+    let st = forbidden.status.unwrap();
+    assert_eq!(st.phase.as_deref(), Some("Failed"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("forbidden sysctl: \"kernel.msgmax\" not allowlisted")
+    );
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-safe}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  securityContext: {{sysctls: [{{name: kernel.shm_rmid_forced, value: '1'}}]}}\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'cat /proc/sys/kernel/shm_rmid_forced; sleep 1000']}}\n"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for(
+        "a safe sysctl's pod Running",
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt(&format!("{name}-safe"))
+                .await
+                .ok()
+                .flatten()
+                .filter(running)
+        },
+    )
+    .await;
+
     // A pod the apiserver takes but no small node should run: refused by
     // kinglet's own bound, with a reason and an event, never started.
     let containers: Vec<String> = (0..101)
@@ -340,7 +378,7 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
         st.container_statuses
             .is_none_or(|c| c.iter().all(|c| c.container_id.is_none()))
     );
-    for s in ["cpu0", "cpu1", "cpu2", "sel", "huge"] {
+    for s in ["cpu0", "cpu1", "cpu2", "sel", "sysctl", "safe", "huge"] {
         let _ = pods
             .delete(
                 &format!("{name}-{s}"),

@@ -114,6 +114,7 @@ pub struct KubeletConfiguration {
     pub container_runtime_endpoint: String,
     pub register_node: bool,
     pub register_with_taints: Vec<Taint>,
+    pub allowed_unsafe_sysctls: Vec<String>,
     pub logging: Logging,
 }
 
@@ -164,6 +165,7 @@ impl Default for KubeletConfiguration {
             container_runtime_endpoint: String::new(),
             register_node: true,
             register_with_taints: Vec::new(),
+            allowed_unsafe_sysctls: Vec::new(),
             logging: Logging::default(),
         }
     }
@@ -636,6 +638,8 @@ impl KubeletConfiguration {
             t.validate()
                 .map_err(|e| field_err(format!("registerWithTaints[{i}]"), e))?;
         }
+        crate::pods::sysctls::Allowlist::new(&self.allowed_unsafe_sysctls)
+            .map_err(|e| field_err("allowedUnsafeSysctls", e))?;
         if !["text", "json"].contains(&self.logging.format.as_str()) {
             return Err(field_err(
                 "logging.format",

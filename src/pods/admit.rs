@@ -17,6 +17,8 @@ pub struct Allocatable {
     pub memory: u128,
     pub pods: usize,
     pub labels: BTreeMap<String, String>,
+    /// The sysctls pods may set.
+    pub sysctls: super::sysctls::Allowlist,
 }
 
 /// A rejection: reason and message as upstream words them.
@@ -132,6 +134,11 @@ fn affinity_ok(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
 
 /// Decides whether `pod` may run next to `admitted`.
 pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rejection> {
+    // Upstream's order: the sysctl allowlist, then the predicates.
+    node.sysctls.admit(pod).map_err(|message| Rejection {
+        reason: "SysctlForbidden".into(),
+        message,
+    })?;
     os_ok(pod)?;
     if !affinity_ok(pod, &node.labels) {
         return Err(Rejection {
@@ -210,6 +217,7 @@ mod tests {
                 ("kubernetes.io/arch".into(), "arm64".into()),
                 ("zone".into(), "a".into()),
             ]),
+            sysctls: Default::default(),
         }
     }
 

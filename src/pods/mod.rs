@@ -3,7 +3,8 @@
 //! - [`sources`]: the source merge and `SourcesReady`; the sources are
 //!   [`api`] (the watch of pods bound to this node, with its checkpoint)
 //!   and [`file`] (static pods);
-//! - [`manager`]: the task that joins the parts, admission ([`admit`]),
+//! - [`manager`]: the task that joins the parts, admission ([`admit`],
+//!   with the sysctl allowlist of [`sysctls`]),
 //!   and removal of what pods that are gone left behind;
 //! - [`pod_workers`]: each UID's phase, syncing → terminating →
 //!   terminated, and the rule that a terminated UID never comes back;
@@ -46,6 +47,7 @@ pub mod report;
 pub mod sources;
 pub mod status;
 pub mod status_manager;
+pub mod sysctls;
 pub mod validate;
 pub mod worker;
 

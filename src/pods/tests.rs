@@ -48,6 +48,7 @@ fn node_with(rt: Arc<FakeRuntime>, objects: Option<Arc<dyn ObjectSource>>) -> No
         memory: 8 << 30,
         pods: 110,
         labels: BTreeMap::new(),
+        sysctls: Default::default(),
     };
     let (m, killer, tx, inputs) = PodManager::new(rt.clone(), ctx, vec!["api"], status, alloc);
     let stop = CancellationToken::new();
