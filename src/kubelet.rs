@@ -390,6 +390,12 @@ fn node_context(
         container_id_scheme: id_scheme.to_string(),
         clock: pods::plan::Clock::System,
         started: Some(tokio::time::Instant::now()),
+        volume_sources: client.clone().map(|c| {
+            Arc::new(pods::volumes::Sources {
+                objects: pods::objects::ObjectCache::new(c.clone()),
+                client: c,
+            })
+        }),
         objects: client.map(|c| {
             Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
         }),

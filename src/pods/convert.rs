@@ -4,7 +4,7 @@
 //! references, resources, security context), as the upstream kubelet
 //! derives them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kinglet_runtime::{ContainerConfig, PortMapping, SandboxConfig};
@@ -35,10 +35,13 @@ pub struct NodeContext {
     /// When the agent started (first probes are jittered within a period
     /// of it); `None`: long ago.
     pub started: Option<tokio::time::Instant>,
+    /// What configMap, secret and projected volumes read, when an API
+    /// server is configured.
+    pub volume_sources: Option<std::sync::Arc<super::volumes::Sources>>,
 }
 
 /// The two kinds of object a container's environment may read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKind {
     ConfigMap,
     Secret,
@@ -46,7 +49,7 @@ pub enum ObjectKind {
 
 impl ObjectKind {
     /// As upstream names it in messages (`configmap "x" not found`).
-    fn lower(self) -> &'static str {
+    pub fn lower(self) -> &'static str {
         match self {
             ObjectKind::ConfigMap => "configmap",
             ObjectKind::Secret => "secret",
@@ -489,7 +492,7 @@ pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
     out
 }
 
-fn field_ref(pod: &Pod, path: &str, node: &NodeContext) -> Option<String> {
+pub fn field_ref(pod: &Pod, path: &str, node: &NodeContext) -> Option<String> {
     let m = &pod.metadata;
     Some(match path {
         "metadata.name" => m.name.clone()?,
@@ -532,10 +535,9 @@ pub fn volume_paths(
         .and_then(|s| s.volumes.clone())
         .unwrap_or_default()
     {
-        // A projected volume (the automatic kube-api-access service account
-        // token) is mounted empty until token projection lands; the worker
-        // reports it with a warning event.
-        if v.empty_dir.is_some() || v.projected.is_some() {
+        // emptyDirs and the volumes kinglet writes (configMap, secret,
+        // downwardAPI, projected) live under the pod's volume dir.
+        if v.empty_dir.is_some() || object_backed(&v) {
             let base = std::path::Path::new(&node.volume_root);
             let dir = contained_path(base, &[&pod_uid(pod), &v.name]).ok_or_else(|| {
                 ConfigError(format!("volume {:?}: not a valid volume name", v.name))
@@ -546,12 +548,21 @@ pub fn volume_paths(
             out.insert(v.name.clone(), (h.path.clone(), h.type_.clone()));
         } else {
             return Err(ConfigError(format!(
-                "volume {:?}: only emptyDir, hostPath and (empty) projected volumes are supported",
+                "volume {:?}: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported",
                 v.name
             )));
         }
     }
     Ok(out)
+}
+
+/// Whether kinglet writes the volume's files (configMap, secret,
+/// downwardAPI, projected): they are mounted read-only, as upstream.
+pub fn object_backed(v: &k8s_openapi::api::core::v1::Volume) -> bool {
+    v.config_map.is_some()
+        || v.secret.is_some()
+        || v.downward_api.is_some()
+        || v.projected.is_some()
 }
 
 /// Prepares the volumes of a pod on the host (creating emptyDirs and
@@ -593,6 +604,13 @@ fn volume_mounts(
     env: &BTreeMap<String, String>,
 ) -> Result<Vec<kinglet_runtime::Mount>, ConfigError> {
     let paths = volume_paths(pod, node)?;
+    let written: BTreeSet<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| object_backed(v))
+        .map(|v| v.name.as_str())
+        .collect();
     let mut out = Vec::new();
     for m in c.volume_mounts.iter().flatten() {
         let (path, _) = paths.get(&m.name).ok_or_else(|| {
@@ -611,7 +629,7 @@ fn volume_mounts(
         out.push(kinglet_runtime::Mount {
             host_path: host,
             container_path: m.mount_path.clone(),
-            readonly: m.read_only.unwrap_or(false),
+            readonly: m.read_only.unwrap_or(false) || written.contains(m.name.as_str()),
         });
     }
     Ok(out)
@@ -911,7 +929,7 @@ fn env_value_from(
 
 /// A `resourceFieldRef` value: the request or limit over its divisor,
 /// rounded up.
-fn resource_field(
+pub fn resource_field(
     c: &Container,
     r: &k8s_openapi::api::core::v1::ResourceFieldSelector,
     node: &NodeContext,

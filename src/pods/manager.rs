@@ -342,7 +342,7 @@ fn remove_orphan_dirs(node: &NodeContext, desired: &BTreeSet<String>, gone: &BTr
     };
     for (name, path) in dirs(&node.volume_root) {
         if !desired.contains(&name) {
-            let _ = std::fs::remove_dir_all(path);
+            super::volumes::remove_pod_dir(&path);
         }
     }
     for (name, path) in dirs(&node.log_root) {

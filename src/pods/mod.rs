@@ -13,6 +13,8 @@
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
 //! - [`status_manager`]: the single writer of pod statuses (local records
 //!   and, through [`api_writer`], the API), computed by [`status`];
+//! - [`volumes`]: each pod's volumes, prepared before its containers and
+//!   kept current (configMap, secret, downwardAPI, projected tokens);
 //! - [`validate`]: the one gate every pod (static or API) passes before
 //!   anything of it touches the disk;
 //! - [`prober`]: liveness, readiness and startup probes, one task per
@@ -49,6 +51,7 @@ pub mod status;
 pub mod status_manager;
 pub mod sysctls;
 pub mod validate;
+pub mod volumes;
 pub mod worker;
 
 #[cfg(test)]

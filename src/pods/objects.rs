@@ -83,3 +83,259 @@ impl ObjectSource for ApiObjects {
         })
     }
 }
+
+/// A ConfigMap's or Secret's contents as volumes need them: bytes by key
+/// (a ConfigMap's `data` and `binaryData`, a Secret's `data`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Object {
+    pub data: BTreeMap<String, Vec<u8>>,
+    pub immutable: bool,
+}
+
+impl Object {
+    fn of_config_map(cm: k8s_openapi::api::core::v1::ConfigMap) -> Self {
+        let mut data: BTreeMap<String, Vec<u8>> = cm
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.into_bytes()))
+            .collect();
+        data.extend(
+            cm.binary_data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0)),
+        );
+        Object {
+            data,
+            immutable: cm.immutable == Some(true),
+        }
+    }
+
+    fn of_secret(s: k8s_openapi::api::core::v1::Secret) -> Self {
+        let mut data: BTreeMap<String, Vec<u8>> = s
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        data.extend(
+            s.string_data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes())),
+        );
+        Object {
+            data,
+            immutable: s.immutable == Some(true),
+        }
+    }
+}
+
+type Key = (ObjectKind, String, String);
+
+/// What a watch knows of one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Known {
+    /// The first list has not answered yet.
+    Pending,
+    Found(Option<Object>),
+    Failed(String),
+}
+
+struct Slot {
+    state: std::sync::Mutex<Known>,
+    /// Woken at each change (first-sync waiters).
+    changed: tokio::sync::Notify,
+    /// The workers of the pods using it, woken at each change.
+    wakers: std::sync::Mutex<Vec<std::sync::Arc<tokio::sync::Notify>>>,
+}
+
+impl Slot {
+    fn state(&self) -> Known {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, k: Known) {
+        {
+            let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if *s == k {
+                return;
+            }
+            *s = k;
+        }
+        self.changed.notify_waiters();
+        for w in self.wakers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            w.notify_one();
+        }
+    }
+}
+
+struct Entry {
+    slot: std::sync::Arc<Slot>,
+    users: usize,
+    task: tokio::task::AbortHandle,
+}
+
+/// The ConfigMaps and Secrets the node's volumes use, each followed by one
+/// watch (upstream's watch-based change detection): a change wakes the
+/// workers of the pods that use it at once, and many pods using one object
+/// cost one watch. A watch ends when its last user goes, or once the
+/// object is immutable. The Node authorizer allows a node to watch, by
+/// name, the objects its pods refer to.
+pub struct ObjectCache {
+    client: Client,
+    entries: std::sync::Mutex<std::collections::HashMap<Key, Entry>>,
+}
+
+impl std::fmt::Debug for ObjectCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ObjectCache")
+    }
+}
+
+/// One user's hold on a watched object; dropping it lets the watch go.
+pub struct Subscription {
+    cache: std::sync::Arc<ObjectCache>,
+    key: Key,
+    slot: std::sync::Arc<Slot>,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl ObjectCache {
+    pub fn new(client: Client) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(ObjectCache {
+            client,
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    /// Follows the object (one watch per object, shared); `wake` is
+    /// notified whenever it changes.
+    pub fn subscribe(
+        self: &std::sync::Arc<Self>,
+        kind: ObjectKind,
+        namespace: &str,
+        name: &str,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Subscription {
+        let key = (kind, namespace.to_string(), name.to_string());
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = entries.entry(key.clone()).or_insert_with(|| {
+            let slot = std::sync::Arc::new(Slot {
+                state: std::sync::Mutex::new(Known::Pending),
+                changed: tokio::sync::Notify::new(),
+                wakers: std::sync::Mutex::new(Vec::new()),
+            });
+            let task = tokio::spawn(follow(self.client.clone(), key.clone(), slot.clone()));
+            Entry {
+                slot,
+                users: 0,
+                task: task.abort_handle(),
+            }
+        });
+        entry.users += 1;
+        entry
+            .slot
+            .wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(wake.clone());
+        Subscription {
+            cache: self.clone(),
+            key,
+            slot: entry.slot.clone(),
+            wake,
+        }
+    }
+}
+
+impl Subscription {
+    /// The object as last seen (`None`: it does not exist), waiting up to
+    /// `timeout` for the first answer.
+    pub async fn get(&self, timeout: std::time::Duration) -> Result<Option<Object>, String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.slot.changed.notified();
+            match self.slot.state() {
+                Known::Found(o) => return Ok(o),
+                Known::Failed(e) => return Err(e),
+                Known::Pending => {}
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                let (kind, ns, name) = &self.key;
+                return Err(format!(
+                    "failed to sync {} cache: timed out waiting for the condition ({ns}/{name})",
+                    kind.lower()
+                ));
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.slot
+            .wakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|w| !std::sync::Arc::ptr_eq(w, &self.wake));
+        let mut entries = self.cache.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = entries.get_mut(&self.key) {
+            e.users = e.users.saturating_sub(1);
+            if e.users == 0 {
+                e.task.abort();
+                entries.remove(&self.key);
+            }
+        }
+    }
+}
+
+async fn follow(client: Client, key: Key, slot: std::sync::Arc<Slot>) {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let (kind, ns, name) = key;
+    match kind {
+        ObjectKind::ConfigMap => {
+            let api = Api::<ConfigMap>::namespaced(client, &ns);
+            follow_one(api, &name, slot, Object::of_config_map).await
+        }
+        ObjectKind::Secret => {
+            let api = Api::<Secret>::namespaced(client, &ns);
+            follow_one(api, &name, slot, Object::of_secret).await
+        }
+    }
+}
+
+async fn follow_one<K>(api: Api<K>, name: &str, slot: std::sync::Arc<Slot>, conv: fn(K) -> Object)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, cfg).default_backoff().boxed();
+    let mut pending = None;
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(watcher::Event::Init) => pending = None,
+            Ok(watcher::Event::InitApply(o)) => pending = Some(conv(o)),
+            Ok(watcher::Event::InitDone) => slot.set(Known::Found(pending.take())),
+            Ok(watcher::Event::Apply(o)) => slot.set(Known::Found(Some(conv(o)))),
+            Ok(watcher::Event::Delete(_)) => slot.set(Known::Found(None)),
+            // Retried with back-off; a first answer that never came is an
+            // error to report, a later one keeps the last known object.
+            Err(e) if slot.state() == Known::Pending => slot.set(Known::Failed(e.to_string())),
+            Err(_) => {}
+        }
+        // An immutable object never changes: no need to go on watching.
+        if matches!(slot.state(), Known::Found(Some(ref o)) if o.immutable) {
+            return;
+        }
+    }
+}

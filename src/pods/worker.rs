@@ -35,6 +35,7 @@ use super::pleg::PodCache;
 use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
 use super::status::{self, Health, Unprobed};
+use super::volumes::{self, Volumes};
 
 /// Why and how a pod is to be stopped (upstream's `KillPodOptions`): the
 /// one hook deletion, eviction, the active deadline and liveness use.
@@ -107,6 +108,10 @@ pub struct Worker {
     prober: Option<Prober>,
     /// The pod's updates, so a hook stops waiting when a kill arrives.
     updates: Option<watch::Receiver<PodUpdate>>,
+    /// The pod's volumes, made when the worker runs (object changes wake it).
+    volumes: Option<Volumes>,
+    /// When a volume (a token) is next due for a refresh.
+    volume_refresh: Wake,
 }
 
 impl Worker {
@@ -137,6 +142,8 @@ impl Worker {
             actions: 0,
             prober: None,
             updates: None,
+            volumes: None,
+            volume_refresh: None,
         }
     }
 
@@ -160,6 +167,7 @@ impl Worker {
             self.node.started,
         ));
         self.updates = Some(updates.clone());
+        self.volumes = Some(Volumes::new(self.node.clone(), wake.clone()));
         let Some(u) = self.syncing(&mut updates, &wake, &shutdown).await else {
             return;
         };
@@ -417,8 +425,9 @@ impl Worker {
         // emptyDir volumes go with the pod; off the async thread, as a large
         // volume takes a while to delete. (The log dir goes a minute later,
         // from the manager, as upstream's container GC removes it.)
+        self.volumes = None;
         if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(d)).await;
+            let _ = tokio::task::spawn_blocking(move || volumes::remove_pod_dir(&d)).await;
         }
     }
 
@@ -464,7 +473,7 @@ impl Worker {
         let now = Instant::now();
         let wall = self.node.clock.now_nanos();
         let steps = plan::plan(pod, current, &self.backoffs, wall, now);
-        let mut wake = deadline;
+        let mut wake = soonest(deadline, self.volume_refresh);
         for s in steps {
             wake = soonest(wake, self.execute(pod, &sb, &sandbox_id, s).await);
         }
@@ -485,15 +494,24 @@ impl Worker {
         if self.sandbox.is_none() {
             self.adopt_sandbox(pod, current).await?;
         }
-        if let Err(e) = convert::prepare_volumes(pod, &self.node) {
-            self.rep
-                .event(pod, "Warning", "FailedMount", e.0.clone())
-                .await;
-            for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-                let w = (WaitingReason::ContainerCreating, e.0.clone());
-                self.waiting.insert(c.name.clone(), w);
+        let setup = match self.volumes.as_mut() {
+            Some(v) => v.setup(pod).await,
+            None => convert::prepare_volumes(pod, &self.node)
+                .map(|_| None)
+                .map_err(|e| e.0),
+        };
+        match setup {
+            Ok(refresh) => self.volume_refresh = refresh,
+            Err(e) => {
+                self.rep
+                    .event(pod, "Warning", "FailedMount", e.clone())
+                    .await;
+                for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+                    let w = (WaitingReason::ContainerCreating, e.clone());
+                    self.waiting.insert(c.name.clone(), w);
+                }
+                return Err(RETRY);
             }
-            return Err(RETRY);
         }
         if let Some(s) = &self.sandbox {
             return Ok(s.id.clone());
@@ -503,7 +521,6 @@ impl Worker {
                 self.acted();
                 let id = s.id.clone();
                 self.sandbox = Some(s);
-                self.warn_unsupported_volumes(pod).await;
                 Ok(id)
             }
             Err(e) => {
@@ -549,21 +566,6 @@ impl Worker {
         }
         self.sandbox = ready.into_iter().next();
         Ok(())
-    }
-
-    async fn warn_unsupported_volumes(&self, pod: &Pod) {
-        let projected = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter(|v| v.projected.is_some());
-        for v in projected {
-            let msg = format!(
-                "projected volume {:?} is mounted empty: service account token projection is not supported yet",
-                v.name
-            );
-            self.rep.event(pod, "Warning", "FailedMount", msg).await;
-        }
     }
 
     fn container<'p>(pod: &'p Pod, name: &str) -> Option<&'p Container> {

@@ -40,7 +40,9 @@ pub fn validate_path(p: &str) -> Result<(), String> {
             return Err(format!("invalid path: must not contain '..': {p}"));
         }
         if i.len() > 255 {
-            return Err("invalid path: filenames must be less than or equal to 255 characters".into());
+            return Err(
+                "invalid path: filenames must be less than or equal to 255 characters".into(),
+            );
         }
     }
     if items[0].starts_with("..") && items[0].len() > 2 {
@@ -86,7 +88,11 @@ fn walk(dir: &Path) -> BTreeSet<String> {
     while let Some((d, rel)) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let r = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let r = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
             match e.file_type() {
                 Ok(t) if t.is_dir() => stack.push((e.path(), r)),
                 Ok(t) if t.is_file() => {
@@ -118,7 +124,11 @@ fn timestamp_dir(target: &Path) -> io::Result<std::path::PathBuf> {
 
 /// Writes `payload` into `target` (which must exist); files get `gid` as
 /// their group when set (`fsGroup`). Returns whether anything changed.
-pub fn write(target: &Path, payload: &BTreeMap<String, FileProjection>, gid: Option<u32>) -> io::Result<bool> {
+pub fn write(
+    target: &Path,
+    payload: &BTreeMap<String, FileProjection>,
+    gid: Option<u32>,
+) -> io::Result<bool> {
     let mut clean_payload = BTreeMap::new();
     for (p, f) in payload {
         validate_path(p).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -130,10 +140,20 @@ pub fn write(target: &Path, payload: &BTreeMap<String, FileProjection>, gid: Opt
     let wanted: BTreeSet<&str> = payload.keys().map(|p| top(p)).collect();
     let old_tops: BTreeSet<String> = old
         .as_ref()
-        .map(|o| walk(&target.join(o)).iter().map(|p| top(p).to_string()).collect())
+        .map(|o| {
+            walk(&target.join(o))
+                .iter()
+                .map(|p| top(p).to_string())
+                .collect()
+        })
         .unwrap_or_default();
-    let stale: Vec<&String> = old_tops.iter().filter(|t| !wanted.contains(t.as_str())).collect();
-    let unchanged = old.as_ref().is_some_and(|o| same_as(&target.join(o), &payload));
+    let stale: Vec<&String> = old_tops
+        .iter()
+        .filter(|t| !wanted.contains(t.as_str()))
+        .collect();
+    let unchanged = old
+        .as_ref()
+        .is_some_and(|o| same_as(&target.join(o), &payload));
     if !unchanged {
         let ts = timestamp_dir(target)?;
         if let Err(e) = fill(&ts, &payload, gid) {
@@ -169,7 +189,11 @@ pub fn write(target: &Path, payload: &BTreeMap<String, FileProjection>, gid: Opt
 }
 
 /// Writes the payload into a fresh directory.
-fn fill(dir: &Path, payload: &BTreeMap<String, FileProjection>, gid: Option<u32>) -> io::Result<()> {
+fn fill(
+    dir: &Path,
+    payload: &BTreeMap<String, FileProjection>,
+    gid: Option<u32>,
+) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     for (p, f) in payload {
@@ -236,15 +260,36 @@ mod tests {
     fn writes_swaps_and_cleans_up_as_upstream() {
         let d = tempfile::tempdir().unwrap();
         let t = d.path();
-        assert!(write(t, &payload(&[("a", "1", 0o644), ("dir/b", "2", 0o400)]), None).unwrap());
+        assert!(
+            write(
+                t,
+                &payload(&[("a", "1", 0o644), ("dir/b", "2", 0o400)]),
+                None
+            )
+            .unwrap()
+        );
         assert_eq!(std::fs::read_to_string(t.join("a")).unwrap(), "1");
         assert_eq!(std::fs::read_to_string(t.join("dir/b")).unwrap(), "2");
-        assert_eq!(std::fs::read_link(t.join("a")).unwrap(), Path::new("..data/a"));
+        assert_eq!(
+            std::fs::read_link(t.join("a")).unwrap(),
+            Path::new("..data/a")
+        );
         let first = std::fs::read_link(t.join(DATA)).unwrap();
-        let m = std::fs::metadata(t.join("dir/b")).unwrap().permissions().mode() & 0o777;
+        let m = std::fs::metadata(t.join("dir/b"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(m, 0o400);
         // Unchanged: nothing written.
-        assert!(!write(t, &payload(&[("a", "1", 0o644), ("dir/b", "2", 0o400)]), None).unwrap());
+        assert!(
+            !write(
+                t,
+                &payload(&[("a", "1", 0o644), ("dir/b", "2", 0o400)]),
+                None
+            )
+            .unwrap()
+        );
         assert_eq!(std::fs::read_link(t.join(DATA)).unwrap(), first);
         // Changed: a new dir, the old one and the dropped name gone.
         assert!(write(t, &payload(&[("a", "3", 0o644)]), None).unwrap());

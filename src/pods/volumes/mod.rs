@@ -1,0 +1,432 @@
+//! The volume manager of one pod (upstream's volume manager and the
+//! `configmap`, `secret`, `downwardapi`, `projected` and `emptydir`
+//! plugins), owned by the pod's worker: every volume is ready before a
+//! container starts, and kept current while the pod runs.
+//!
+//! - emptyDir on disk, or on tmpfs with `medium: Memory`; hostPath type
+//!   checks ([`convert::prepare_volumes`]);
+//! - configMap, secret, downwardAPI and projected volumes written with
+//!   upstream's atomic writer ([`atomic`]) from what [`render`] computes;
+//!   secrets and projected volumes on tmpfs, never on disk;
+//! - the objects they read are followed by the node's [`ObjectCache`] (one
+//!   watch per object): a change wakes the worker, whose next round writes
+//!   the new files into the running pod — no restart, no polling; labels
+//!   and annotations (downwardAPI) follow the pod's own updates;
+//! - service account tokens through the TokenRequest API, bound to the pod,
+//!   refreshed at 80 % of their life or after 24 h, as upstream's token
+//!   manager; the round after a refresh is due is what the worker's timer
+//!   wakes for.
+//!
+//! Failures come back as upstream's `FailedMount` messages; the worker
+//! reports them and retries.
+
+pub mod atomic;
+pub mod render;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Volume, VolumeProjection};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::convert::{self, NodeContext, ObjectKind};
+use super::objects::{Object, ObjectCache, Subscription};
+use render::Payload;
+
+/// What the volumes of a node's pods read from the API server.
+pub struct Sources {
+    pub objects: Arc<ObjectCache>,
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for Sources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("volume sources")
+    }
+}
+
+/// How long a volume waits for the first answer about an object.
+const OBJECT_WAIT: Duration = Duration::from_secs(10);
+/// Upstream's token lifetime when `expirationSeconds` is not set.
+const DEFAULT_TOKEN_SECONDS: i64 = 3600;
+/// Upstream refreshes a token at least once a day.
+const TOKEN_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+struct Token {
+    value: String,
+    refresh_at: Instant,
+}
+
+type TokenKey = (String, String, i64);
+
+/// One pod's volumes.
+pub struct Volumes {
+    node: NodeContext,
+    wake: Arc<Notify>,
+    subs: HashMap<(ObjectKind, String), Subscription>,
+    tokens: HashMap<TokenKey, Token>,
+    /// What was last written to each volume, so unchanged rounds write
+    /// nothing.
+    written: HashMap<String, Payload>,
+}
+
+impl Volumes {
+    pub fn new(node: NodeContext, wake: Arc<Notify>) -> Self {
+        Volumes {
+            node,
+            wake,
+            subs: HashMap::new(),
+            tokens: HashMap::new(),
+            written: HashMap::new(),
+        }
+    }
+
+    /// Prepares (or refreshes) every volume of the pod. `Ok` says when a
+    /// token is next due; `Err` is upstream's `FailedMount` message.
+    pub async fn setup(&mut self, pod: &Pod) -> Result<Option<Duration>, String> {
+        convert::prepare_volumes(pod, &self.node).map_err(|e| e.0)?;
+        let mut used = BTreeSet::new();
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        for v in volumes {
+            let fail =
+                |e: String| format!("MountVolume.SetUp failed for volume {:?} : {e}", v.name);
+            let dir = self
+                .dir(pod, &v.name)
+                .ok_or_else(|| fail("not a valid volume name".into()))?;
+            if let Some(size) = memory_medium(v) {
+                let d = dir.clone();
+                blocking(move || ensure_tmpfs(&d, size))
+                    .await
+                    .map_err(fail)?;
+                continue;
+            }
+            let Some((payload, tmpfs)) = self.payload(pod, v, &mut used).await.map_err(fail)?
+            else {
+                continue;
+            };
+            if self.written.get(&v.name) == Some(&payload) {
+                continue;
+            }
+            let gid = fs_group(pod);
+            let p = payload.clone();
+            blocking(move || {
+                if tmpfs {
+                    ensure_tmpfs(&dir, None)?;
+                }
+                atomic::write(&dir, &p, gid)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(fail)?;
+            self.written.insert(v.name.clone(), payload);
+        }
+        self.subs.retain(|k, _| used.contains(k));
+        let now = Instant::now();
+        Ok(self
+            .tokens
+            .values()
+            .map(|t| t.refresh_at.saturating_duration_since(now))
+            .min())
+    }
+
+    fn dir(&self, pod: &Pod, volume: &str) -> Option<PathBuf> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        convert::contained_path(Path::new(&self.node.volume_root), &[&uid, volume])
+    }
+
+    /// The files of an object-backed volume and whether it lives on tmpfs;
+    /// `None` for the other kinds.
+    async fn payload(
+        &mut self,
+        pod: &Pod,
+        v: &Volume,
+        used: &mut BTreeSet<(ObjectKind, String)>,
+    ) -> Result<Option<(Payload, bool)>, String> {
+        if let Some(cm) = &v.config_map {
+            let optional = cm.optional == Some(true);
+            let o = self
+                .object(pod, ObjectKind::ConfigMap, &cm.name, optional, used)
+                .await?;
+            let p = render::keys(
+                ObjectKind::ConfigMap,
+                &o,
+                cm.items.as_deref(),
+                cm.default_mode,
+                optional,
+            )?;
+            return Ok(Some((p, false)));
+        }
+        if let Some(s) = &v.secret {
+            let optional = s.optional == Some(true);
+            let name = s.secret_name.clone().unwrap_or_default();
+            let o = self
+                .object(pod, ObjectKind::Secret, &name, optional, used)
+                .await?;
+            let p = render::keys(
+                ObjectKind::Secret,
+                &o,
+                s.items.as_deref(),
+                s.default_mode,
+                optional,
+            )?;
+            return Ok(Some((p, true)));
+        }
+        if let Some(d) = &v.downward_api {
+            let items = d.items.as_deref().unwrap_or_default();
+            let p = render::downward(pod, items, d.default_mode, &self.node)?;
+            return Ok(Some((p, false)));
+        }
+        if let Some(pr) = &v.projected {
+            let mut out = Payload::new();
+            for src in pr.sources.iter().flatten() {
+                out.extend(self.projection(pod, src, pr.default_mode, used).await?);
+            }
+            return Ok(Some((out, true)));
+        }
+        Ok(None)
+    }
+
+    async fn projection(
+        &mut self,
+        pod: &Pod,
+        src: &VolumeProjection,
+        default_mode: Option<i32>,
+        used: &mut BTreeSet<(ObjectKind, String)>,
+    ) -> Result<Payload, String> {
+        if let Some(cm) = &src.config_map {
+            let optional = cm.optional == Some(true);
+            let o = self
+                .object(pod, ObjectKind::ConfigMap, &cm.name, optional, used)
+                .await?;
+            return render::keys(
+                ObjectKind::ConfigMap,
+                &o,
+                cm.items.as_deref(),
+                default_mode,
+                optional,
+            );
+        }
+        if let Some(s) = &src.secret {
+            let optional = s.optional == Some(true);
+            let o = self
+                .object(pod, ObjectKind::Secret, &s.name, optional, used)
+                .await?;
+            return render::keys(
+                ObjectKind::Secret,
+                &o,
+                s.items.as_deref(),
+                default_mode,
+                optional,
+            );
+        }
+        if let Some(d) = &src.downward_api {
+            return render::downward(
+                pod,
+                d.items.as_deref().unwrap_or_default(),
+                default_mode,
+                &self.node,
+            );
+        }
+        if let Some(t) = &src.service_account_token {
+            let token = self
+                .token(
+                    pod,
+                    t.audience.as_deref().unwrap_or(""),
+                    t.expiration_seconds,
+                )
+                .await?;
+            let f = atomic::FileProjection {
+                data: token.into_bytes(),
+                mode: render::mode(default_mode, render::DEFAULT_MODE)?,
+            };
+            return Ok(Payload::from([(t.path.clone(), f)]));
+        }
+        Err(
+            "only configMap, secret, downwardAPI and serviceAccountToken projections are supported"
+                .into(),
+        )
+    }
+
+    /// A ConfigMap or Secret of the pod's namespace, followed from now on;
+    /// a missing one is empty when optional, upstream's error otherwise.
+    async fn object(
+        &mut self,
+        pod: &Pod,
+        kind: ObjectKind,
+        name: &str,
+        optional: bool,
+        used: &mut BTreeSet<(ObjectKind, String)>,
+    ) -> Result<Object, String> {
+        let (ns, _) = convert::namespace_and_name(pod);
+        used.insert((kind, name.to_string()));
+        let found = match &self.node.volume_sources {
+            None => None,
+            Some(src) => {
+                let sub = self
+                    .subs
+                    .entry((kind, name.to_string()))
+                    .or_insert_with(|| src.objects.subscribe(kind, &ns, name, self.wake.clone()));
+                sub.get(OBJECT_WAIT).await?
+            }
+        };
+        match found {
+            Some(o) => Ok(o),
+            None if optional => Ok(Object::default()),
+            None => Err(format!("{} {name:?} not found", kind.lower())),
+        }
+    }
+
+    /// A token for the pod's service account, bound to the pod.
+    async fn token(
+        &mut self,
+        pod: &Pod,
+        audience: &str,
+        expiration: Option<i64>,
+    ) -> Result<String, String> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let (ns, pod_name) = convert::namespace_and_name(pod);
+        let sa = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let seconds = expiration.unwrap_or(DEFAULT_TOKEN_SECONDS);
+        let key = (sa.clone(), audience.to_string(), seconds);
+        if let Some(t) = self.tokens.get(&key)
+            && Instant::now() < t.refresh_at
+        {
+            return Ok(t.value.clone());
+        }
+        let Some(src) = &self.node.volume_sources else {
+            return Err("failed to fetch token: no API server to ask".into());
+        };
+        let req = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                audiences: (!audience.is_empty()).then(|| vec![audience.to_string()]),
+                expiration_seconds: Some(seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod_name),
+                    uid: pod.metadata.uid.clone(),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let api = kube::Api::<ServiceAccount>::namespaced(src.client.clone(), &ns);
+        let resp = api
+            .create_token_request(&sa, &Default::default(), &req)
+            .await
+            .map_err(|e| format!("failed to fetch token: {e}"))?;
+        let status = resp
+            .status
+            .ok_or("failed to fetch token: no status in the answer")?;
+        let token = status
+            .token
+            .ok_or("failed to fetch token: no token in the answer")?;
+        let left = status.expiration_timestamp.map_or(Duration::ZERO, |t| {
+            t.0.duration_since(jiff::Timestamp::now()).unsigned_abs()
+        });
+        // Upstream: refresh once 80 % of the requested life has passed, or
+        // after a day (tokens the apiserver extends live a year).
+        let requested = Duration::from_secs(seconds.max(0) as u64);
+        let refresh = left.min(requested).mul_f64(0.8).min(TOKEN_MAX_AGE);
+        let t = Token {
+            value: token.clone(),
+            refresh_at: Instant::now() + refresh,
+        };
+        self.tokens.insert(key, t);
+        Ok(token)
+    }
+}
+
+/// The `fsGroup` files get as their group.
+fn fs_group(pod: &Pod) -> Option<u32> {
+    let g = pod.spec.as_ref()?.security_context.as_ref()?.fs_group?;
+    u32::try_from(g).ok()
+}
+
+/// `Some(size limit)` for an emptyDir with `medium: Memory`.
+fn memory_medium(v: &Volume) -> Option<Option<u64>> {
+    let e = v.empty_dir.as_ref()?;
+    (e.medium.as_deref() == Some("Memory")).then(|| {
+        e.size_limit
+            .as_ref()
+            .and_then(|q| crate::config::units::parse_quantity_milli(&q.0).ok())
+            .map(|m| (m / 1000) as u64)
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("volume setup task failed: {e}"))?
+}
+
+/// Whether `dir` is a mount point (another device than its parent).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(d), Some(Ok(p))) = (std::fs::metadata(dir), dir.parent().map(std::fs::metadata)) else {
+        return false;
+    };
+    d.dev() != p.dev()
+}
+
+/// Mounts a tmpfs on `dir` unless one is there (a restart of kinglet
+/// keeps it; a reboot does not, and the files are written again).
+fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
+    if is_mount_point(dir) {
+        return Ok(());
+    }
+    let mut opts = "mode=0755".to_string();
+    if let Some(s) = size.filter(|s| *s > 0) {
+        opts.push_str(&format!(",size={s}"));
+    }
+    use rustix::mount::{MountFlags, mount};
+    let data = std::ffi::CString::new(opts).map_err(|e| e.to_string())?;
+    mount(
+        "tmpfs",
+        dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        data.as_c_str(),
+    )
+    .map_err(|e| format!("mounting tmpfs on {}: {e}", dir.display()))
+}
+
+/// Octal escapes of `/proc/self/mountinfo` undone.
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Removes a pod's volume dir: the tmpfs mounts under it first (deepest
+/// first), so no mount is left behind and nothing is deleted through one.
+/// Blocking.
+pub fn remove_pod_dir(dir: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape(m)))
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in mounts {
+        let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

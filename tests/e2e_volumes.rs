@@ -1,0 +1,374 @@
+//! End to end: configMap, secret, downwardAPI and projected volumes on a
+//! node joined to the real control plane, on both runtimes, in the spirit
+//! of upstream's `configmap_volume.go`, `secrets_volume.go`,
+//! `projected_*.go` and `downwardapi_volume.go`: contents and modes seen
+//! from inside the container, read-only mounts, secrets on tmpfs, a
+//! ConfigMap update and a label change reaching the running container's
+//! files without a restart (the delay is printed), optional and missing
+//! objects and keys with upstream's `FailedMount` message, the pod starting
+//! once the missing object appears, and the automatic `kube-api-access`
+//! volume: a pod authenticates to the API server with its own token
+//! (a `SelfSubjectReview` names its service account). Nothing is left
+//! mounted after deletion.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+crate::both_runtimes!(
+    object_volumes_are_written_and_kept_current,
+    the_service_account_token_authenticates
+);
+
+const BB: &str = "kinglet.test/busybox:1";
+
+fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
+    let v: serde_json::Value = serde_saphyr::from_str(y).unwrap();
+    serde_json::from_value(v).unwrap()
+}
+
+struct Joined {
+    k: Kinglet,
+    dir: tempfile::TempDir,
+}
+
+fn join(rt: Rt, prefix: &str, images: &[&Path]) -> Joined {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name(prefix),
+        FAST_CONFIG,
+        true,
+        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
+        images,
+    );
+    Joined { k, dir }
+}
+
+/// What the pod's containers logged so far (the CRI log files' lines).
+fn pod_log(dir: &Path, pod: &str) -> String {
+    let mut out = String::new();
+    let prefix = format!("default_{pod}_");
+    for e in std::fs::read_dir(dir.join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let mut stack = vec![e.path()];
+        while let Some(d) = stack.pop() {
+            for f in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                if f.path().is_dir() {
+                    stack.push(f.path());
+                } else if let Ok(t) = std::fs::read_to_string(f.path()) {
+                    for l in t.lines() {
+                        // <time> <stream> <tag> <line>
+                        out.push_str(l.splitn(4, ' ').nth(3).unwrap_or(""));
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn wait_log(dir: &Path, pod: &str, part: &str, secs: u64) -> String {
+    wait_for(
+        &format!("{pod} logs {part:?}"),
+        Duration::from_secs(secs),
+        || async {
+            let l = pod_log(dir, pod);
+            l.contains(part).then_some(l)
+        },
+    )
+    .await
+}
+
+async fn create(pods: &Api<Pod>, node: &str, name: &str, spec: &str) {
+    let p: Pod = from_yaml(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{tier: one}}}}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{spec}"
+    ));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+}
+
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first())
+        .map_or(0, |c| c.restart_count)
+}
+
+async fn delete_all(pods: &Api<Pod>, names: &[String]) {
+    for n in names {
+        let _ = pods
+            .delete(n, &DeleteParams::default().grace_period(0))
+            .await;
+    }
+    for n in names {
+        wait_for(&format!("{n} gone"), Duration::from_secs(60), || async {
+            matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+        })
+        .await;
+    }
+}
+
+/// Mounts under the node's volume dir (what a deleted pod must not leave).
+fn mounts_under(root: &Path) -> Vec<String> {
+    let root = root.join("volumes").display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&root))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn object_volumes_are_written_and_kept_current(rt: Rt) {
+    let admin = admin().await;
+    let j = join(rt, "kl-vol", &[pods::busybox_archive()]);
+    let node = j.k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
+    let n = |s: &str| format!("{node}-{s}");
+    let cm: ConfigMap = from_yaml(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {}}}\ndata: {{greeting: hello, other: x}}\nbinaryData: {{blob: AAEC}}\n",
+        n("cm")
+    ));
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let s: Secret = from_yaml(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {}}}\nstringData: {{password: s3cret}}\n",
+        n("sec")
+    ));
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+
+    // Every kind at once; the container reports what it sees, then
+    // watches the ConfigMap's and the labels' files.
+    let script = "cd /v; echo modes $(stat -c '%a' cm/..data/greeting) $(stat -c '%a' items/dir/g.txt) $(stat -c '%a' sec/..data/password); \
+        echo cm $(cat cm/greeting) items $(cat items/dir/g.txt) blob $(od -An -tx1 cm/blob | tr -d ' '); \
+        echo secret $(cat sec/password) opt $(ls opt | wc -l); \
+        echo mounts $(grep -c ' /v/sec tmpfs' /proc/mounts) ro $(touch cm/x 2>/dev/null && echo rw || echo ro); \
+        echo name $(cat down/name) labels $(cat down/labels | tr '\\n' ' '); \
+        while true; do echo now $(cat cm/greeting) $(cat down/labels | tr '\\n' ' '); sleep 0.2; done";
+    create(&pods, &node, &n("all"), &format!(
+        "  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    - {{name: cm, mountPath: /v/cm}}\n    - {{name: items, mountPath: /v/items}}\n    - {{name: sec, mountPath: /v/sec}}\n    - {{name: opt, mountPath: /v/opt}}\n    - {{name: down, mountPath: /v/down}}\n  volumes:\n  - {{name: cm, configMap: {{name: {cm}, defaultMode: 288}}}}\n  - {{name: items, configMap: {{name: {cm}, items: [{{key: greeting, path: dir/g.txt, mode: 384}}]}}}}\n  - {{name: sec, secret: {{secretName: {sec}}}}}\n  - {{name: opt, configMap: {{name: {node}-nothere, optional: true}}}}\n  - {{name: down, downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}, {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}\n",
+        cm = n("cm"), sec = n("sec")
+    )).await;
+    let l = wait_log(j.dir.path(), &n("all"), "name ", 60).await;
+    assert!(l.contains("modes 440 600 644"), "{l}");
+    assert!(l.contains("cm hello items hello blob 000102"), "{l}");
+    assert!(l.contains("secret s3cret opt 0"), "{l}");
+    assert!(l.contains("mounts 1 ro ro"), "{l}");
+    assert!(
+        l.contains(&format!("name {} labels tier=\"one\"", n("all"))),
+        "{l}"
+    );
+
+    // An update reaches the running container; so does a new label.
+    let t0 = Instant::now();
+    let patch = serde_json::json!({"data": {"greeting": "bonjour"}});
+    cms.patch(&n("cm"), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_log(j.dir.path(), &n("all"), "now bonjour", 60).await;
+    eprintln!(
+        "figure: ConfigMap update seen in the running container's file after {:?} ({rt:?})",
+        t0.elapsed()
+    );
+    let t0 = Instant::now();
+    let patch = serde_json::json!({"metadata": {"labels": {"extra": "yes"}}});
+    pods.patch(&n("all"), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_log(j.dir.path(), &n("all"), "extra=\"yes\"", 60).await;
+    eprintln!(
+        "figure: label change seen in the downwardAPI file after {:?} ({rt:?})",
+        t0.elapsed()
+    );
+    assert_eq!(
+        restarts(&pods.get(&n("all")).await.unwrap()),
+        0,
+        "updated without a restart"
+    );
+
+    // A missing ConfigMap: upstream's FailedMount, the pod waits; it starts
+    // once the object exists. A missing key: its own message.
+    create(&pods, &node, &n("wait"), &format!(
+        "  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, 'echo $(cat /v/k); sleep 600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes: [{{name: v, configMap: {{name: {}}}}}]\n", n("late")
+    )).await;
+    create(&pods, &node, &n("nokey"), &format!(
+        "  containers:\n  - name: c\n    image: {BB}\n    command: [sleep, '600']\n    volumeMounts: [{{name: v, mountPath: /v}}]\n  volumes: [{{name: v, configMap: {{name: {}, items: [{{key: absent, path: a}}]}}}}]\n", n("cm")
+    )).await;
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let failed_mount = |pod: String, part: String| {
+        let events = events.clone();
+        async move {
+            let lp = ListParams::default()
+                .fields(&format!("involvedObject.name={pod},reason=FailedMount"));
+            events
+                .list(&lp)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(&part))
+        }
+    };
+    let m = wait_for(
+        "FailedMount for the missing ConfigMap",
+        Duration::from_secs(60),
+        || failed_mount(n("wait"), "not found".into()),
+    )
+    .await;
+    assert_eq!(
+        m,
+        format!(
+            "MountVolume.SetUp failed for volume \"v\" : configmap \"{}\" not found",
+            n("late")
+        )
+    );
+    let m = wait_for(
+        "FailedMount for the missing key",
+        Duration::from_secs(60),
+        || failed_mount(n("nokey"), "absent".into()),
+    )
+    .await;
+    assert!(
+        m.ends_with("configmap references non-existent config key: absent"),
+        "{m}"
+    );
+    let late: ConfigMap = from_yaml(&format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {}}}\ndata: {{k: arrived}}\n",
+        n("late")
+    ));
+    cms.create(&PostParams::default(), &late).await.unwrap();
+    wait_log(j.dir.path(), &n("wait"), "arrived", 60).await;
+
+    let root = j.k.dir.path().join("root");
+    assert!(
+        !mounts_under(&root).is_empty(),
+        "the secret's tmpfs is mounted"
+    );
+    delete_all(&pods, &[n("all"), n("wait"), n("nokey")]).await;
+    wait_for("no volume mount left", Duration::from_secs(30), || async {
+        mounts_under(&root).is_empty().then_some(())
+    })
+    .await;
+    for c in [n("cm"), n("late")] {
+        let _ = cms.delete(&c, &DeleteParams::default()).await;
+    }
+    let _ = secrets.delete(&n("sec"), &DeleteParams::default()).await;
+}
+
+async fn the_service_account_token_authenticates(rt: Rt) {
+    use base64::Engine as _;
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let admin = admin().await;
+    let j = join(
+        rt,
+        "kl-sa",
+        &[pods::busybox_archive(), pods::agnhost_archive()],
+    );
+    let node = j.k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-sa");
+    let port = cluster_port();
+    // The apiserver adds the kube-api-access volume. agnhost's in-cluster
+    // client (client-go's InClusterConfig: the token, the CA, verified
+    // TLS) calls the apiserver every second; an invalid token would be
+    // refused (401) even there. The other container shows the files.
+    let script = "d=/var/run/secrets/kubernetes.io/serviceaccount; echo ns $(cat $d/namespace); echo ca $(base64 $d/ca.crt | tr -d '\\n'); echo token $(cat $d/token); sleep 600";
+    create(&pods, &node, &name, &format!(
+        "  containers:\n  - name: client\n    image: kinglet.test/agnhost:2.66.1\n    args: [inclusterclient, --poll-interval=1]\n    env: [{{name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}}, {{name: KUBERNETES_SERVICE_PORT, value: '{port}'}}]\n  - name: c\n    image: {BB}\n    command: [sh, -c, {script:?}]\n"
+    )).await;
+    let l = wait_log(j.dir.path(), &name, "token ", 60).await;
+    assert!(l.contains("ns default"), "{l}");
+    let field = |k: &str| {
+        l.lines()
+            .find_map(|x| x.strip_prefix(&format!("{k} ")))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    let token = field("token");
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(field("ca"))
+        .unwrap();
+    let cluster_ca = std::fs::read(cluster_dir().join("pki/ca.crt")).unwrap();
+    assert_eq!(
+        ca, cluster_ca,
+        "ca.crt is the cluster's CA (kube-root-ca.crt)"
+    );
+    // In the pod: authenticated calls, no failure.
+    let calls = wait_for(
+        "the in-cluster client's calls",
+        Duration::from_secs(60),
+        || async {
+            let l = pod_log(j.dir.path(), &name);
+            (l.matches("calling /healthz").count() >= 3).then_some(l)
+        },
+    )
+    .await;
+    assert!(!calls.contains("status=failed"), "{calls}");
+    assert!(calls.contains("authz_header="), "{calls}");
+    // Who the token is: the pod's service account, bound to the pod.
+    let mut cfg = kube::Config::new(format!("https://127.0.0.1:{port}").parse().unwrap());
+    cfg.root_cert = Some(vec![pem_der(&ca)]);
+    cfg.auth_info.token = Some(token.into());
+    let client = kube::Client::try_from(cfg).unwrap();
+    let ssr: SelfSubjectReview = serde_json::from_value(serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"
+    }))
+    .unwrap();
+    let who = Api::<SelfSubjectReview>::all(client)
+        .create(&PostParams::default(), &ssr)
+        .await
+        .unwrap();
+    let user = who.status.unwrap().user_info.unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:default")
+    );
+    let extra = user.extra.unwrap_or_default();
+    assert_eq!(
+        extra.get("authentication.kubernetes.io/pod-name"),
+        Some(&vec![name.clone()])
+    );
+    delete_all(&pods, &[name]).await;
+    wait_for("no volume mount left", Duration::from_secs(30), || async {
+        mounts_under(&j.k.dir.path().join("root"))
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
+/// The DER of the first certificate in a PEM file.
+fn pem_der(pem: &[u8]) -> Vec<u8> {
+    use base64::Engine as _;
+    let text = String::from_utf8_lossy(pem);
+    let body: String = text
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE-----"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
