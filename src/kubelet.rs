@@ -164,7 +164,10 @@ impl Kubelet {
             sources.push("file");
         }
         let machine = &host.machine;
-        let node_ctx = node_context(s, host, &started.id_scheme, client.clone());
+        let mut node_ctx = node_context(s, host, &started.id_scheme, client.clone());
+        node_ctx.services = client
+            .clone()
+            .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
         let status = pods::StatusManager::new(status_dir.clone(), writer);
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
         let (cpu, memory) =
@@ -390,6 +393,7 @@ fn node_context(
         container_id_scheme: id_scheme.to_string(),
         clock: pods::plan::Clock::System,
         started: Some(tokio::time::Instant::now()),
+        services: None,
         volume_sources: client.clone().map(|c| {
             Arc::new(pods::volumes::Sources {
                 objects: pods::objects::ObjectCache::new(c.clone()),

@@ -154,6 +154,26 @@ async fn object_volumes_are_written_and_kept_current(rt: Rt) {
     ));
     secrets.create(&PostParams::default(), &s).await.unwrap();
 
+    // A Service of the namespace: its variables reach the container, as
+    // the kubernetes Service's do.
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(admin.clone(), "default");
+    let svc: k8s_openapi::api::core::v1::Service = from_yaml(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {}}}\nspec: {{ports: [{{name: sql, port: 5432}}]}}\n",
+        n("db")
+    ));
+    let svc = services.create(&PostParams::default(), &svc).await.unwrap();
+    let db_ip = svc.spec.unwrap().cluster_ip.unwrap();
+    let api_ip = services
+        .get("kubernetes")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let db_var = n("db").to_uppercase().replace('-', "_");
+
     // Every kind at once; the container reports what it sees, then
     // watches the ConfigMap's and the labels' files.
     let script = "cd /v; echo modes $(stat -c '%a' cm/..data/greeting) $(stat -c '%a' items/dir/g.txt) $(stat -c '%a' sec/..data/password); \
@@ -161,12 +181,20 @@ async fn object_volumes_are_written_and_kept_current(rt: Rt) {
         echo secret $(cat sec/password) opt $(ls opt | wc -l); \
         echo mounts $(grep -c ' /v/sec tmpfs' /proc/mounts) ro $(touch cm/x 2>/dev/null && echo rw || echo ro); \
         echo name $(cat down/name) labels $(cat down/labels | tr '\\n' ' '); \
+        env | grep -E '_SERVICE_(HOST|PORT_HTTPS)=' | sed 's/^/svc /'; \
         while true; do echo now $(cat cm/greeting) $(cat down/labels | tr '\\n' ' '); sleep 0.2; done";
     create(&pods, &node, &n("all"), &format!(
         "  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    - {{name: cm, mountPath: /v/cm}}\n    - {{name: items, mountPath: /v/items}}\n    - {{name: sec, mountPath: /v/sec}}\n    - {{name: opt, mountPath: /v/opt}}\n    - {{name: down, mountPath: /v/down}}\n  volumes:\n  - {{name: cm, configMap: {{name: {cm}, defaultMode: 288}}}}\n  - {{name: items, configMap: {{name: {cm}, items: [{{key: greeting, path: dir/g.txt, mode: 384}}]}}}}\n  - {{name: sec, secret: {{secretName: {sec}}}}}\n  - {{name: opt, configMap: {{name: {node}-nothere, optional: true}}}}\n  - {{name: down, downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}, {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]}}}}\n",
         cm = n("cm"), sec = n("sec")
     )).await;
-    let l = wait_log(j.dir.path(), &n("all"), "name ", 60).await;
+    let l = wait_log(j.dir.path(), &n("all"), "svc ", 60).await;
+    for want in [
+        format!("svc KUBERNETES_SERVICE_HOST={api_ip}"),
+        "svc KUBERNETES_SERVICE_PORT_HTTPS=443".into(),
+        format!("svc {db_var}_SERVICE_HOST={db_ip}"),
+    ] {
+        assert!(l.contains(&want), "{want} in {l}");
+    }
     assert!(l.contains("modes 440 600 644"), "{l}");
     assert!(l.contains("cm hello items hello blob 000102"), "{l}");
     assert!(l.contains("secret s3cret opt 0"), "{l}");
@@ -271,6 +299,7 @@ async fn object_volumes_are_written_and_kept_current(rt: Rt) {
         let _ = cms.delete(&c, &DeleteParams::default()).await;
     }
     let _ = secrets.delete(&n("sec"), &DeleteParams::default()).await;
+    let _ = services.delete(&n("db"), &DeleteParams::default()).await;
 }
 
 async fn the_service_account_token_authenticates(rt: Rt) {

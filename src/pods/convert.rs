@@ -38,6 +38,8 @@ pub struct NodeContext {
     /// What configMap, secret and projected volumes read, when an API
     /// server is configured.
     pub volume_sources: Option<std::sync::Arc<super::volumes::Sources>>,
+    /// The cluster's Services, for service environment variables.
+    pub services: Option<std::sync::Arc<super::services::Services>>,
 }
 
 /// The two kinds of object a container's environment may read.
@@ -75,9 +77,13 @@ pub trait ObjectSource: Send + Sync + std::fmt::Debug {
 }
 
 /// The objects a container's environment refers to, fetched before its
-/// config is built: `None` for an object that does not exist.
+/// config is built: `None` for an object that does not exist; and the
+/// service variables, which come first (the container's own override them).
 #[derive(Clone, Debug, Default)]
-pub struct EnvObjects(pub BTreeMap<(ObjectKind, String), Option<BTreeMap<String, String>>>);
+pub struct EnvObjects(
+    pub BTreeMap<(ObjectKind, String), Option<BTreeMap<String, String>>>,
+    pub Vec<(String, String)>,
+);
 
 impl EnvObjects {
     /// What `c`'s env and envFrom refer to.
@@ -843,6 +849,9 @@ fn environment(
         ordered.retain(|(o, _)| *o != k);
         ordered.push((k, v));
     };
+    for (k, v) in &objects.1 {
+        set(k.clone(), v.clone(), &mut values);
+    }
     for ef in c.env_from.iter().flatten() {
         for (k, v) in env_from(ef, objects)? {
             set(k, v, &mut values);

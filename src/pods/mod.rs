@@ -13,6 +13,8 @@
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
 //! - [`status_manager`]: the single writer of pod statuses (local records
 //!   and, through [`api_writer`], the API), computed by [`status`];
+//! - [`services`]: service environment variables from the cluster's
+//!   Services;
 //! - [`volumes`]: each pod's volumes, prepared before its containers and
 //!   kept current (configMap, secret, downwardAPI, projected tokens);
 //! - [`validate`]: the one gate every pod (static or API) passes before
@@ -46,6 +48,7 @@ pub mod pleg;
 pub mod pod_workers;
 pub mod prober;
 pub mod report;
+pub mod services;
 pub mod sources;
 pub mod status;
 pub mod status_manager;

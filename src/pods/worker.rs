@@ -695,7 +695,13 @@ impl Worker {
                 .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
                 .await);
         }
-        let objects = super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
+        let mut objects = super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
+        if let (Ok(o), Some(svc)) = (objects.as_mut(), &self.node.services) {
+            match svc.env(pod).await {
+                Ok(vars) => o.1 = vars,
+                Err(e) => objects = Err(e),
+            }
+        }
         let cfg = objects.and_then(|o| {
             convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)
         });

@@ -56,9 +56,18 @@ image() {
 }
 
 fill_busybox() { rootfs "$1"; }
+# What upstream's agnhost Dockerfile adds besides the binary: porter's
+# localhost.crt/.key (HTTPS hooks and probes), /uploads, agnhost-2, and
+# the image's own user and group.
+agnhost_src="$(go env GOMODCACHE)/k8s.io/kubernetes@$(awk '/^require k8s.io\/kubernetes/ {print $3}' "$(dirname "$0")/../cluster/go.mod")/test/images/agnhost"
 fill_agnhost() {
   rootfs "$1"
   cp "$bin/agnhost" "$1/agnhost"
+  cp "$agnhost_src/porter/localhost.crt" "$agnhost_src/porter/localhost.key" "$1/"
+  mkdir -p "$1/uploads"
+  ln -sf agnhost "$1/agnhost-2"
+  printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >> "$1/etc/passwd"
+  printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >> "$1/etc/group"
   cp /bin/bash-static "$1/bin/bash" 2>/dev/null || true
   [ -x /usr/bin/curl ] && with_libs "$1" /usr/bin/curl /usr/bin/curl
   [ -x /bin/nc.openbsd ] && with_libs "$1" /bin/nc.openbsd /usr/bin/nc

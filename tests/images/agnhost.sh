@@ -39,6 +39,7 @@ for app in $(/bin/busybox --list); do
   [ "$app" = busybox ] || ln -sf busybox "$r/bin/$app"
 done
 cp "$cache/agnhost" "$r/agnhost"
+cp "$src/porter/localhost.crt" "$src/porter/localhost.key" "$r/"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$r/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$r/etc/group"
 umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
