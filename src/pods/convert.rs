@@ -593,6 +593,26 @@ pub fn prepare_volumes(pod: &Pod, node: &NodeContext) -> Result<(), ConfigError>
                 std::fs::write(p, b"")
                     .map_err(|e| ConfigError(format!("volume {name:?}: {path}: {e}")))?;
             }
+            t @ ("Socket" | "CharDevice" | "BlockDevice") => {
+                use std::os::unix::fs::FileTypeExt;
+                let ft = std::fs::metadata(p).map(|m| m.file_type());
+                let (ok, what) = match t {
+                    "Socket" => (ft.as_ref().is_ok_and(|f| f.is_socket()), "a socket file"),
+                    "CharDevice" => (
+                        ft.as_ref().is_ok_and(|f| f.is_char_device()),
+                        "a character device",
+                    ),
+                    _ => (
+                        ft.as_ref().is_ok_and(|f| f.is_block_device()),
+                        "a block device",
+                    ),
+                };
+                if !ok {
+                    return Err(ConfigError(format!(
+                        "volume {name:?}: hostPath type check failed: {path} is not {what}"
+                    )));
+                }
+            }
             _ => {}
         }
     }
@@ -977,6 +997,28 @@ mod tests {
     }
 
     const BASE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge, uid: u-1, labels: {app: web}}\n";
+
+    #[test]
+    fn host_path_types_are_checked_as_upstream() {
+        let node = NodeContext::default();
+        let check = |path: &str, t: &str| {
+            let p = pod(&format!(
+                "{BASE}spec: {{containers: [{{name: a, image: x}}], volumes: [{{name: v, hostPath: {{path: {path}, type: {t}}}}}]}}"
+            ));
+            prepare_volumes(&p, &node).map_err(|e| e.0)
+        };
+        assert_eq!(check("/dev/null", "CharDevice"), Ok(()));
+        assert_eq!(
+            check("/dev/null", "BlockDevice"),
+            Err("volume \"v\": hostPath type check failed: /dev/null is not a block device".into())
+        );
+        assert_eq!(
+            check("/tmp", "Socket"),
+            Err("volume \"v\": hostPath type check failed: /tmp is not a socket file".into())
+        );
+        assert!(check("/dev/null", "Directory").is_err());
+        assert_eq!(check("/tmp", "Directory"), Ok(()));
+    }
 
     #[test]
     fn run_as_non_root_is_checked_against_the_image_user() {

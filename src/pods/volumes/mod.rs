@@ -336,17 +336,24 @@ impl Volumes {
         let left = status.expiration_timestamp.map_or(Duration::ZERO, |t| {
             t.0.duration_since(jiff::Timestamp::now()).unsigned_abs()
         });
-        // Upstream: refresh once 80 % of the requested life has passed, or
-        // after a day (tokens the apiserver extends live a year).
         let requested = Duration::from_secs(seconds.max(0) as u64);
-        let refresh = left.min(requested).mul_f64(0.8).min(TOKEN_MAX_AGE);
         let t = Token {
             value: token.clone(),
-            refresh_at: Instant::now() + refresh,
+            refresh_at: Instant::now() + refresh_after(requested, left),
         };
         self.tokens.insert(key, t);
         Ok(token)
     }
+}
+
+/// When to ask again for a token, as upstream's token manager: when a
+/// fifth of the life asked for is left before it expires, and at the
+/// latest after a day (tokens the apiserver extends live a year). A token
+/// granted shorter than that margin is renewed at 80 % of what it has.
+pub fn refresh_after(requested: Duration, left: Duration) -> Duration {
+    let margin = requested / 5;
+    let at = if left > margin { left - margin } else { left.mul_f64(0.8) };
+    at.min(TOKEN_MAX_AGE)
 }
 
 /// The `fsGroup` files get as their group.
@@ -429,4 +436,23 @@ pub fn remove_pod_dir(dir: &Path) {
         let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
     }
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_refreshed_at_80_percent_or_after_a_day() {
+        let h = Duration::from_secs(3600);
+        assert_eq!(refresh_after(h, h), Duration::from_secs(2880));
+        // The apiserver granted less than asked: 80 % of what is left.
+        assert_eq!(
+            refresh_after(h, Duration::from_secs(600)),
+            Duration::from_secs(480)
+        );
+        // An extended token (a year) is refreshed after a day.
+        let year = Duration::from_secs(365 * 24 * 3600);
+        assert_eq!(refresh_after(year, year), TOKEN_MAX_AGE);
+    }
 }
