@@ -48,6 +48,9 @@ cleanup() {
   tests/cluster/down.sh >/dev/null 2>&1
 }
 trap cleanup EXIT
+# A signal ends the run through the EXIT trap too (bash skips it otherwise).
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # The registry the images are served from (loopback: plain HTTP).
 port=15000
