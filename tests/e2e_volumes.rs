@@ -22,7 +22,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 crate::both_runtimes!(
     object_volumes_are_written_and_kept_current,
-    the_service_account_token_authenticates
+    the_service_account_token_authenticates,
+    image_volumes_mount_read_only,
 );
 
 const BB: &str = "kinglet.test/busybox:1";
@@ -400,4 +401,60 @@ fn pem_der(pem: &[u8]) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(body)
         .unwrap()
+}
+
+/// An image volume (GA in 1.36): in-process, the image from kinglet's store
+/// mounted read-only, whole and by sub path; through containerd 1.6,
+/// upstream's `CreateContainerConfigError` saying why.
+async fn image_volumes_mount_read_only(rt: Rt) {
+    let admin = admin().await;
+    let j = join(rt, "kl-img", &[pods::busybox_archive()]);
+    let node = j.k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-imgvol");
+    let script = "echo whole $(ls /img/bin/busybox) sub $(grep -c root /etc-of-image/passwd) $(touch /img/x 2>/dev/null && echo rw || echo ro); sleep 600";
+    create(&pods, &node, &name, &format!(
+        "  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    - {{name: img, mountPath: /img}}\n    - {{name: img, mountPath: /etc-of-image, subPath: etc}}\n  volumes:\n  - {{name: img, image: {{reference: '{BB}', pullPolicy: IfNotPresent}}}}\n"
+    )).await;
+    match rt {
+        Rt::Oci => {
+            let l = wait_log(j.dir.path(), &name, "whole ", 60).await;
+            assert!(l.contains("whole /img/bin/busybox sub 1 ro"), "{l}");
+        }
+        Rt::Cri => {
+            let p = wait_for(
+                "CreateContainerConfigError",
+                Duration::from_secs(60),
+                || async {
+                    let p = pods.get(&name).await.ok()?;
+                    let w = p
+                        .status
+                        .as_ref()?
+                        .container_statuses
+                        .as_ref()?
+                        .first()?
+                        .state
+                        .as_ref()?
+                        .waiting
+                        .clone()?;
+                    (w.reason.as_deref() == Some("CreateContainerConfigError")).then_some(w)
+                },
+            )
+            .await;
+            let m = p.message.unwrap_or_default();
+            assert!(
+                m.starts_with("image volumes need containerd 2.1 or newer"),
+                "{m}"
+            );
+        }
+    }
+    delete_all(&pods, &[name]).await;
+    wait_for("no volume mount left", Duration::from_secs(30), || async {
+        mounts_under(&j.k.dir.path().join("root"))
+            .is_empty()
+            .then_some(())
+    })
+    .await;
 }

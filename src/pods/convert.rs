@@ -552,14 +552,30 @@ pub fn volume_paths(
             out.insert(v.name.clone(), (dir, Some("DirectoryOrCreate".into())));
         } else if let Some(h) = &v.host_path {
             out.insert(v.name.clone(), (h.path.clone(), h.type_.clone()));
+        } else if v.image.is_some() {
+            // Mounted by the runtime from its image store: no host dir.
         } else {
             return Err(ConfigError(format!(
-                "volume {:?}: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported",
+                "volume {:?}: only emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes are supported",
                 v.name
             )));
         }
     }
     Ok(out)
+}
+
+/// The image reference of the pod's image volume `name`, if it is one.
+pub fn image_volume<'p>(pod: &'p Pod, name: &str) -> Option<&'p str> {
+    pod.spec
+        .as_ref()?
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == name)?
+        .image
+        .as_ref()?
+        .reference
+        .as_deref()
 }
 
 /// Whether kinglet writes the volume's files (configMap, secret,
@@ -639,6 +655,16 @@ fn volume_mounts(
         .collect();
     let mut out = Vec::new();
     for m in c.volume_mounts.iter().flatten() {
+        if let Some(reference) = image_volume(pod, &m.name) {
+            out.push(kinglet_runtime::Mount {
+                container_path: m.mount_path.clone(),
+                readonly: true,
+                image: reference.to_string(),
+                image_sub_path: m.sub_path.clone().unwrap_or_default(),
+                ..Default::default()
+            });
+            continue;
+        }
         let (path, _) = paths.get(&m.name).ok_or_else(|| {
             ConfigError(format!("volumeMount {:?}: no volume of that name", m.name))
         })?;
@@ -656,6 +682,7 @@ fn volume_mounts(
             host_path: host,
             container_path: m.mount_path.clone(),
             readonly: m.read_only.unwrap_or(false) || written.contains(m.name.as_str()),
+            ..Default::default()
         });
     }
     Ok(out)

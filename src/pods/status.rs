@@ -494,6 +494,57 @@ mod tests {
     }
 
     #[test]
+    fn readiness_gates_hold_ready_until_their_conditions_are_true() {
+        let running = ContainerStatus {
+            id: "c-0".into(),
+            sandbox_id: "s".into(),
+            pod_uid: String::new(),
+            name: "c".into(),
+            attempt: 0,
+            image: "x".into(),
+            image_ref: "x".into(),
+            image_id: "x".into(),
+            state: ContainerState::Running,
+            created_at: 1,
+            started_at: 2,
+            finished_at: 0,
+            exit_code: 0,
+            reason: String::new(),
+            message: String::new(),
+            log_path: String::new(),
+            pid: 1,
+        };
+        let ready_of = |conds: &str| {
+            let y = format!(
+                "metadata: {{name: p, uid: u}}\nspec:\n  readinessGates: [{{conditionType: example.com/lb}}]\n  containers: [{{name: c, image: x}}]\nstatus: {{conditions: [{conds}]}}\n"
+            );
+            let st = status_with(&y, std::slice::from_ref(&running));
+            let c = st
+                .conditions
+                .unwrap()
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .unwrap();
+            (c.status, c.reason, c.message)
+        };
+        let (status, reason, message) = ready_of("");
+        assert_eq!(status, "False");
+        assert_eq!(reason.as_deref(), Some("ReadinessGatesNotReady"));
+        assert_eq!(
+            message.as_deref(),
+            Some(
+                "corresponding condition of pod readiness gate \"example.com/lb\" does not exist."
+            )
+        );
+        let (_, _, message) = ready_of("{type: example.com/lb, status: 'False'}");
+        assert_eq!(
+            message.as_deref(),
+            Some("the status of pod readiness gate \"example.com/lb\" is not \"True\", but False")
+        );
+        assert_eq!(ready_of("{type: example.com/lb, status: 'True'}").0, "True");
+    }
+
+    #[test]
     fn status_and_conditions_carry_the_observed_generation() {
         let s = fresh_status(
             "metadata: {name: p, generation: 3}\nspec: {containers: [{name: a, image: x}]}",

@@ -690,6 +690,7 @@ impl Worker {
             // Pull failures have the image back-off of their own.
             Err((reason, msg)) => return Err((reason, msg, !reason.is_pull_failure())),
         };
+        self.ensure_image_volumes(pod, c).await?;
         if let Err(e) = convert::verify_run_as_non_root(pod, c, &image) {
             return Err(self
                 .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
@@ -746,6 +747,43 @@ impl Worker {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The images of the image volumes `c` mounts, pulled per their pull
+    /// policy, when the runtime can mount images at all (else upstream's
+    /// `CreateContainerConfigError`, with why).
+    async fn ensure_image_volumes(
+        &mut self,
+        pod: &Pod,
+        c: &Container,
+    ) -> Result<(), (WaitingReason, String, bool)> {
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        let mounted: Vec<&k8s_openapi::api::core::v1::Volume> = volumes
+            .filter(|v| v.image.is_some())
+            .filter(|v| c.volume_mounts.iter().flatten().any(|m| m.name == v.name))
+            .collect();
+        if mounted.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.runtime.image_mounts().await {
+            return Err(self
+                .failed(pod, WaitingReason::CreateContainerConfigError, e)
+                .await);
+        }
+        for v in mounted {
+            let src = v.image.as_ref().cloned().unwrap_or_default();
+            // Pulled as a container's image is, under the volume's policy.
+            let as_container = Container {
+                name: c.name.clone(),
+                image: src.reference.clone(),
+                image_pull_policy: src.pull_policy.clone(),
+                ..Default::default()
+            };
+            if let Err((reason, msg)) = self.images.ensure(&self.rep, pod, &as_container).await {
+                return Err((reason, msg, !reason.is_pull_failure()));
+            }
+        }
+        Ok(())
     }
 
     async fn failed(

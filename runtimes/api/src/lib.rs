@@ -159,12 +159,18 @@ pub fn hosts_with_pod_ip(hosts: &str, hostname: &str, ip: &str) -> String {
     out
 }
 
-/// A bind mount into a container.
+/// A bind mount into a container, or (CRI's image mounts) an image's
+/// filesystem mounted read-only.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mount {
+    /// Empty for an image mount.
     pub host_path: String,
     pub container_path: String,
     pub readonly: bool,
+    /// An image volume: the image reference the pull returned.
+    pub image: String,
+    /// A path inside that image to mount instead of its root.
+    pub image_sub_path: String,
 }
 
 /// What a container is made from (CRI `ContainerConfig`, the parts kinglet
@@ -465,6 +471,10 @@ pub trait Runtime: Send + Sync {
     /// CRI `ListPodSandboxStats`.
     fn pod_sandbox_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
         unsupported("ListPodSandboxStats")
+    }
+    /// Whether mounts may name an image (image volumes); `Err` says why not.
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Err("image volumes are not supported by this container runtime".into()) })
     }
     /// Signalled when containers change, where the runtime can tell (CRI's
     /// `GetContainerEvents`); the periodic relist stays as the safety net.

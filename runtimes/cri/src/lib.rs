@@ -92,6 +92,20 @@ fn exec_sync_err(s: tonic::Status, timeout: Duration) -> RuntimeError {
     status_err("ExecSync", s)
 }
 
+/// containerd ≥ 2.1 (or CRI-O ≥ 1.31) mounts images.
+fn image_mounts_supported(name: &str, version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    match name {
+        "containerd" => (major, minor) >= (2, 1),
+        "cri-o" => (major, minor) >= (1, 31),
+        _ => false,
+    }
+}
+
 fn status_err(call: &str, s: tonic::Status) -> RuntimeError {
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
@@ -464,6 +478,21 @@ impl Runtime for CriRuntime {
         })
     }
 
+    /// Image mounts came with containerd 2.1; older releases would take
+    /// the mount for an empty host path.
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let v = self.version().await.map_err(|e| e.to_string())?;
+            if image_mounts_supported(&v.runtime_name, &v.runtime_version) {
+                return Ok(());
+            }
+            Err(format!(
+                "image volumes need containerd 2.1 or newer; the runtime is {} {}",
+                v.runtime_name, v.runtime_version
+            ))
+        })
+    }
+
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>> {
         Box::pin(async move {
             let st = self
@@ -671,6 +700,11 @@ impl Runtime for CriRuntime {
                     container_path: m.container_path.clone(),
                     host_path: m.host_path.clone(),
                     readonly: m.readonly,
+                    image: (!m.image.is_empty()).then(|| proto::ImageSpec {
+                        image: m.image.clone(),
+                        ..Default::default()
+                    }),
+                    image_sub_path: m.image_sub_path.clone(),
                     ..Default::default()
                 })
                 .collect();
@@ -1151,6 +1185,15 @@ fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn image_mounts_need_containerd_2_1() {
+        assert!(!super::image_mounts_supported("containerd", "1.6.20~ds1"));
+        assert!(!super::image_mounts_supported("containerd", "v2.0.5"));
+        assert!(super::image_mounts_supported("containerd", "v2.1.0"));
+        assert!(super::image_mounts_supported("containerd", "2.2.1"));
+        assert!(!super::image_mounts_supported("other", "9.9"));
+    }
+
     use super::*;
 
     #[test]

@@ -33,6 +33,8 @@ pub(crate) struct BundleInput {
     pub sandbox_dir: PathBuf,
     pub sandbox_meta: Option<SandboxMeta>,
     pub image: ImageRecord,
+    /// The images of image mounts, by mount index.
+    pub image_mounts: Vec<(usize, ImageRecord)>,
     pub cfg: ContainerConfig,
     pub sandbox: SandboxConfig,
 }
@@ -50,7 +52,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     let dir = &input.dir;
     let cfg = &input.cfg;
     let overlay = prepare_rootfs(&input.store, dir, &input.image)?;
-    let mounts = mounts(&input.sandbox_dir, dir, cfg)?;
+    let mounts = mounts(input)?;
     let ic = image_config(&input.store, &input.image);
     let (uid, gid) = match (cfg.uid, cfg.gid) {
         (Some(u), g) => (u, g.unwrap_or(0)),
@@ -132,12 +134,9 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// The pod's hosts, resolv.conf and hostname files, the termination log and
-/// the pod's volume mounts.
-fn mounts(
-    sandbox_dir: &Path,
-    dir: &Path,
-    cfg: &ContainerConfig,
-) -> Result<Vec<spec::BindMount>, RuntimeError> {
+/// the pod's volume mounts (image mounts read-only from the store).
+fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
+    let (sandbox_dir, dir, cfg) = (&input.sandbox_dir, &input.dir, &input.cfg);
     let mut mounts: Vec<spec::BindMount> = ["hosts", "resolv.conf", "hostname"]
         .into_iter()
         .map(|f| spec::BindMount {
@@ -155,12 +154,79 @@ fn mounts(
             readonly: false,
         });
     }
-    mounts.extend(cfg.mounts.iter().map(|m| spec::BindMount {
-        source: m.host_path.clone().into(),
-        destination: m.container_path.clone(),
-        readonly: m.readonly,
-    }));
+    for (i, m) in cfg.mounts.iter().enumerate() {
+        let image = input.image_mounts.iter().find(|(n, _)| *n == i);
+        let (source, readonly) = match image {
+            Some((_, img)) => {
+                let at = dir.join("image-volumes").join(i.to_string());
+                let root = image_source(&input.store, img, &at)?;
+                (contained(&root, &m.image_sub_path)?, true)
+            }
+            None => (m.host_path.clone().into(), m.readonly),
+        };
+        mounts.push(spec::BindMount {
+            source,
+            destination: m.container_path.clone(),
+            readonly,
+        });
+    }
     Ok(mounts)
+}
+
+/// An image's filesystem for an image mount: its only layer as it is, an
+/// overlay of its layers without an upper dir (read-only) at `at`, or a
+/// copy there where overlayfs is missing.
+fn image_source(
+    store: &ImageStore,
+    image: &ImageRecord,
+    at: &Path,
+) -> Result<PathBuf, RuntimeError> {
+    std::fs::create_dir_all(at).map_err(|e| rt_err("image volume", e))?;
+    if !store.uses_overlay() {
+        store
+            .flatten(image, at)
+            .map_err(|e| rt_err("image volume copy", e))?;
+        return Ok(at.to_path_buf());
+    }
+    let mut lowers = store
+        .layer_dirs(image)
+        .map_err(|e| rt_err("image volume layers", e))?;
+    lowers.reverse();
+    match lowers.len() {
+        0 => Ok(at.to_path_buf()),
+        1 => Ok(lowers.remove(0)),
+        _ => {
+            let list: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+            let data = std::ffi::CString::new(format!("lowerdir={}", list.join(":")))
+                .map_err(|e| rt_err("overlay options", e))?;
+            rustix::mount::mount(
+                "overlay",
+                at,
+                "overlay",
+                rustix::mount::MountFlags::RDONLY,
+                Some(data.as_c_str()),
+            )
+            .map_err(|e| rt_err("image volume overlay", e))?;
+            Ok(at.to_path_buf())
+        }
+    }
+}
+
+/// `root/sub`, refused when `sub` (after the image's own symlinks) leaves
+/// `root` or does not exist, as CRI asks of image sub paths.
+fn contained(root: &Path, sub: &str) -> Result<PathBuf, RuntimeError> {
+    if sub.is_empty() {
+        return Ok(root.to_path_buf());
+    }
+    let base = std::fs::canonicalize(root).map_err(|e| rt_err("image volume", e))?;
+    let p = std::fs::canonicalize(root.join(sub.trim_start_matches('/')))
+        .map_err(|e| RuntimeError::Other(format!("image volume sub path {sub:?}: {e}")))?;
+    if !p.starts_with(&base) {
+        return Err(RuntimeError::Other(format!(
+            "image volume sub path {sub:?} leaves the image"
+        )));
+    }
+    Ok(p)
 }
 
 /// The image's environment overridden by the pod's, with a default `PATH`
@@ -343,10 +409,18 @@ fn executable_in(rootfs: &Path, path: &str) -> bool {
     })
 }
 
-/// Unmounts the rootfs and removes the container's directory.
+/// Unmounts the rootfs and the image volumes, and removes the container's
+/// directory.
 pub(crate) fn teardown(dir: &Path) {
     let rootfs = dir.join("rootfs");
     let _ = rustix::mount::unmount(&rootfs, rustix::mount::UnmountFlags::DETACH);
+    for e in std::fs::read_dir(dir.join("image-volumes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = rustix::mount::unmount(&e.path(), rustix::mount::UnmountFlags::DETACH);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 

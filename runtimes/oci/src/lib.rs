@@ -795,6 +795,21 @@ impl Runtime for OciRuntime {
             let image = index.find(&cfg.image).cloned().ok_or_else(|| {
                 RuntimeError::Other(format!("image {:?} is not present", cfg.image))
             })?;
+            let mut image_mounts = Vec::new();
+            for (i, m) in cfg
+                .mounts
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| !m.image.is_empty())
+            {
+                let img = index.find(&m.image).cloned().ok_or_else(|| {
+                    RuntimeError::Other(format!(
+                        "image {:?} of an image volume is not present",
+                        m.image
+                    ))
+                })?;
+                image_mounts.push((i, img));
+            }
             let id = new_id();
             let dir = self.container_dir(&id);
             let input = bundle::BundleInput {
@@ -806,6 +821,7 @@ impl Runtime for OciRuntime {
                     &self.sandbox_dir(sandbox_id).join("meta.json"),
                 ),
                 image: image.clone(),
+                image_mounts,
                 cfg: cfg.clone(),
                 sandbox: sandbox.clone(),
             };
@@ -901,6 +917,10 @@ impl Runtime for OciRuntime {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(self.stop(id, timeout))
+    }
+
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Ok(()) })
     }
 
     fn exec<'a>(

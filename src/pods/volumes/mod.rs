@@ -352,7 +352,11 @@ impl Volumes {
 /// granted shorter than that margin is renewed at 80 % of what it has.
 pub fn refresh_after(requested: Duration, left: Duration) -> Duration {
     let margin = requested / 5;
-    let at = if left > margin { left - margin } else { left.mul_f64(0.8) };
+    let at = if left > margin {
+        left - margin
+    } else {
+        left.mul_f64(0.8)
+    };
     at.min(TOKEN_MAX_AGE)
 }
 
