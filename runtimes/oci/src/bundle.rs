@@ -419,7 +419,7 @@ pub(crate) fn teardown(dir: &Path) {
         .flatten()
         .flatten()
     {
-        let _ = rustix::mount::unmount(&e.path(), rustix::mount::UnmountFlags::DETACH);
+        let _ = rustix::mount::unmount(e.path(), rustix::mount::UnmountFlags::DETACH);
     }
     let _ = std::fs::remove_dir_all(dir);
 }
