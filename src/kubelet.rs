@@ -169,6 +169,9 @@ impl Kubelet {
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
         let status = pods::StatusManager::new(status_dir.clone(), writer);
+        if let Some(c) = &client {
+            self.start_server(s, host, status.view(), c.clone())?;
+        }
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
         let (cpu, memory) =
             node::status::allocatable_cpu_memory(machine, &reserved, &cfg.eviction_thresholds()?);
@@ -227,6 +230,58 @@ impl Kubelet {
             );
             self.spawn(watch);
         }
+    }
+
+    /// The kubelet API on `address:port` (0: off), for a node joined to a
+    /// cluster (standalone nodes have no API server to check callers with).
+    fn start_server(
+        &mut self,
+        s: &Settings,
+        host: &Host,
+        view: pods::StatusView,
+        client: kube::Client,
+    ) -> anyhow::Result<()> {
+        let cfg = &s.config;
+        if cfg.port == 0 {
+            return Ok(());
+        }
+        let ip: std::net::IpAddr = cfg.address.parse().context("address")?;
+        let addr = SocketAddr::new(ip, cfg.port as u16);
+        let nonempty = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
+        let mut names = vec![s.node_name.clone()];
+        names.extend(host.addresses.iter().map(|(_, a)| a.clone()));
+        names.dedup();
+        let files = crate::server::TlsFiles {
+            cert: nonempty(&cfg.tls_cert_file),
+            key: nonempty(&cfg.tls_private_key_file),
+            pki_dir: s.root_dir.join("pki"),
+            names,
+            client_ca: nonempty(&cfg.authentication.x509.client_ca_file),
+        };
+        // Once, at start: reading (or making) the certificate is quick.
+        let tls = crate::server::tls_config(&files)?;
+        let auth = crate::server::auth::Auth::new(
+            Some(client),
+            s.node_name.clone(),
+            cfg.authentication.anonymous.enabled,
+            cfg.authentication.webhook.enabled,
+            cfg.authentication.webhook.cache_ttl.0,
+            cfg.authorization.mode == "AlwaysAllow",
+        );
+        let state = Arc::new(crate::server::State {
+            auth,
+            view,
+            log_root: s.pod_log_dir.clone(),
+        });
+        let listener = crate::server::bind(addr)?;
+        info!(%addr, "serving the kubelet API");
+        self.spawn(crate::server::serve(
+            listener,
+            tls,
+            state,
+            self.shutdown.clone(),
+        ));
+        Ok(())
     }
 
     async fn start_healthz(

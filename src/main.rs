@@ -15,6 +15,7 @@ mod images;
 mod kubelet;
 mod node;
 mod pods;
+mod server;
 mod table;
 
 use std::process::ExitCode;

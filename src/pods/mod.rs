@@ -74,5 +74,4 @@ use manager::PodKiller;
 pub use manager::PodManager;
 pub use sources::SourceUpdate;
 pub use status_manager::StatusManager;
-#[cfg(test)]
-use status_manager::StatusView;
+pub use status_manager::StatusView;

@@ -10,6 +10,7 @@
 # + shims + pause containers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
 pods=${1:-50}
@@ -22,7 +23,8 @@ work=$(mktemp -d /tmp/kinglet-bench-pods.XXXXXX)
 root=$work/root
 kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
 tests/images/busybox.sh "$work/busybox.tar" >/dev/null
-printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
+printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
+  "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$work/config.yaml"
 if [ "$runtime" = cri ]; then
   endpoint=$(tests/cluster/containerd-up.sh "$work/containerd" | tail -n1)
   ctr --address "$work/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null

@@ -148,7 +148,8 @@ YAML
         >"$dir/agent.log" 2>&1 &
       ;;
     kinglet-oci | kinglet-cri)
-      printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$dir/config.yaml"
+      printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
+        "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$dir/config.yaml"
       local rt_args=(--cni-conf-dir "$dir/net.d")
       [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
       target/release/kinglet --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \

@@ -287,11 +287,16 @@ impl Kinglet {
     fn new_inner(name: &str, extra_config: &str, joined: bool, extra_args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let healthz_port = free_port();
+        let api_port = free_port();
         let config = dir.path().join("config.yaml");
+        // The kubelet API on a port of its own, trusting the test
+        // cluster's CA for client certificates (the apiserver's).
+        let ca = cluster_dir().join("pki/ca.crt");
         std::fs::write(
             &config,
             format!(
-                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: {healthz_port}\n{extra_config}"
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: {healthz_port}\nport: {api_port}\nauthentication: {{x509: {{clientCAFile: {}}}}}\n{extra_config}",
+                ca.display()
             ),
         )
         .unwrap();

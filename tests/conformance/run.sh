@@ -87,7 +87,8 @@ cat > "$work/net.d/10-kinglet.conflist" <<JSON
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]], "dataDir": "$work/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\n' > "$work/config.yaml"
+printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
+  "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$work/config.yaml"
 target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
   --node-ip 127.0.0.1 --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
   >"$out/kinglet.log" 2>&1 &

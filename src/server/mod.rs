@@ -1,0 +1,338 @@
+//! The kubelet API on `address:port` (10250), as upstream's
+//! `pkg/kubelet/server`: HTTPS (rustls with ring: TLS 1.2 and 1.3, ring's
+//! default suites, all AEAD with forward secrecy), every request
+//! authenticated and authorized ([`auth`]), then routed. Built so far:
+//! `/healthz`, `/pods` and `/containerLogs` ([`logs`]) — what the apiserver
+//! proxies for `kubectl logs`. Exec, attach, port-forward, stats and
+//! metrics come next.
+//!
+//! The serving certificate is `tlsCertFile`/`tlsPrivateKeyFile`, or, as
+//! upstream without them, a self-signed one made once under
+//! `<root-dir>/pki` for the node's name and addresses.
+
+pub mod auth;
+pub mod logs;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::pods::StatusView;
+use auth::{Auth, User};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// Everything a request may read.
+pub struct State {
+    pub auth: Auth,
+    pub view: StatusView,
+    pub log_root: PathBuf,
+}
+
+/// Errors setting the server up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("kubelet API certificate {path}: {message}")]
+    Cert { path: String, message: String },
+    #[error("kubelet API client CA {path}: {message}")]
+    ClientCa { path: String, message: String },
+    #[error("kubelet API on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where the certificate comes from.
+pub struct TlsFiles {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// For a self-signed certificate: `<root-dir>/pki`.
+    pub pki_dir: PathBuf,
+    pub names: Vec<String>,
+    pub client_ca: Option<PathBuf>,
+}
+
+fn cert_err(path: &Path, e: impl std::fmt::Display) -> ServerError {
+    ServerError::Cert {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The certificate and key files: the configured ones, or a self-signed
+/// pair made once (upstream's `kubelet.crt`/`kubelet.key`).
+fn cert_files(t: &TlsFiles) -> Result<(PathBuf, PathBuf), ServerError> {
+    if let (Some(c), Some(k)) = (&t.cert, &t.key) {
+        return Ok((c.clone(), k.clone()));
+    }
+    let (crt, key) = (t.pki_dir.join("kubelet.crt"), t.pki_dir.join("kubelet.key"));
+    if crt.exists() && key.exists() {
+        return Ok((crt, key));
+    }
+    std::fs::create_dir_all(&t.pki_dir).map_err(|e| cert_err(&t.pki_dir, e))?;
+    let mut params =
+        rcgen::CertificateParams::new(t.names.clone()).map_err(|e| cert_err(&crt, e))?;
+    let cn = format!(
+        "{}@{}",
+        t.names.first().map_or("kinglet", String::as_str),
+        jiff::Timestamp::now().as_second()
+    );
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    // A year from today, as upstream's self-signed certificate.
+    let today = jiff::Zoned::now().date();
+    params.not_before =
+        rcgen::date_time_ymd(today.year().into(), today.month() as u8, today.day() as u8);
+    params.not_after = rcgen::date_time_ymd(
+        i32::from(today.year()) + 1,
+        today.month() as u8,
+        today.day().min(28) as u8,
+    );
+    let kp = rcgen::KeyPair::generate().map_err(|e| cert_err(&key, e))?;
+    let cert = params.self_signed(&kp).map_err(|e| cert_err(&crt, e))?;
+    crate::fsutil::write_private_atomic(&key, kp.serialize_pem().as_bytes(), true)
+        .map_err(|e| cert_err(&key, e))?;
+    crate::fsutil::write_private_atomic(&crt, cert.pem().as_bytes(), true)
+        .map_err(|e| cert_err(&crt, e))?;
+    info!(cert = %crt.display(), "made a self-signed serving certificate for the kubelet API");
+    Ok((crt, key))
+}
+
+/// The rustls config: the serving certificate, and client certificates
+/// checked against the client CA (optional: bearer tokens need none).
+pub fn tls_config(t: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let (crt, key) = cert_files(t)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&crt)
+        .map_err(|e| cert_err(&crt, e))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| cert_err(&crt, e))?;
+    let key_der = PrivateKeyDer::from_pem_file(&key).map_err(|e| cert_err(&key, e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| cert_err(&crt, e))?;
+    let builder = match &t.client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            let ca_err = |e: &dyn std::fmt::Display| ServerError::ClientCa {
+                path: ca.display().to_string(),
+                message: e.to_string(),
+            };
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| ca_err(&e))? {
+                roots
+                    .add(c.map_err(|e| ca_err(&e))?)
+                    .map_err(|e| ca_err(&e))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| ca_err(&e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut cfg = builder
+        .with_single_cert(certs, key_der)
+        .map_err(|e| cert_err(&crt, e))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+pub fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    let err = |source| ServerError::Bind { addr, source };
+    let l = std::net::TcpListener::bind(addr).map_err(err)?;
+    l.set_nonblocking(true).map_err(err)?;
+    TcpListener::from_std(l).map_err(err)
+}
+
+/// Serves until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    state: Arc<State>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => { debug!(error = %e, "kubelet API accept failed"); continue; }
+            },
+        };
+        let (acceptor, state, stop) = (acceptor.clone(), state.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let tls = match acceptor.accept(tcp).await {
+                Ok(t) => t,
+                Err(e) => {
+                    debug!(%peer, error = %e, "kubelet API TLS handshake failed");
+                    return;
+                }
+            };
+            let cert_user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| auth::user_of_cert(c));
+            let svc = hyper::service::service_fn(move |req| {
+                let (state, user) = (state.clone(), cert_user.clone());
+                async move { Ok::<_, Infallible>(handle(&state, user.as_ref(), req).await) }
+            });
+            let conn =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), svc);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = conn => {}
+            }
+        });
+    }
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body.into())).boxed());
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Authenticates, authorizes and routes one request.
+async fn handle(
+    state: &State,
+    cert_user: Option<&User>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    let bearer = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(user) = state.auth.authenticate(cert_user, bearer).await else {
+        return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+    };
+    let (method, path) = (
+        req.method().as_str().to_string(),
+        req.uri().path().to_string(),
+    );
+    if let Err(msg) = state.auth.authorize(&user, &method, &path).await {
+        debug!(user = %user.name, %path, "kubelet API request denied");
+        return text(StatusCode::FORBIDDEN, msg);
+    }
+    let query = req.uri().query().unwrap_or("").to_string();
+    route(state, &path, &query).await
+}
+
+async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["healthz"] => text(StatusCode::OK, "ok"),
+        ["pods"] | ["pods", ""] => pods(state),
+        ["containerLogs", ns, pod, container] => {
+            container_logs(state, ns, pod, container, query).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+    }
+}
+
+/// The node's pods as a `PodList`, statuses as last reported.
+fn pods(state: &State) -> Response<Body> {
+    let items: Vec<serde_json::Value> = state
+        .view
+        .pods()
+        .into_iter()
+        .map(|(_, e)| {
+            let mut p = (*e.pod).clone();
+            p.status = Some((*e.status).clone());
+            serde_json::to_value(p).unwrap_or_default()
+        })
+        .collect();
+    let list =
+        serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items});
+    let mut r = Response::new(Full::new(Bytes::from(list.to_string())).boxed());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn container_logs(
+    state: &State,
+    ns: &str,
+    pod: &str,
+    container: &str,
+    query: &str,
+) -> Response<Body> {
+    let now = jiff::Timestamp::now().as_nanosecond() as i64;
+    let opts = match logs::parse_query(query, now) {
+        Ok(o) => o,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    let (path, id) = match logs::locate(
+        &state.view,
+        &state.log_root,
+        ns,
+        pod,
+        container,
+        opts.previous,
+    ) {
+        Ok(p) => p,
+        Err((code, msg)) => {
+            let code = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
+            return text(code, msg);
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let view = state.view.clone();
+    let (ns, pod_name, cname) = (ns.to_string(), pod.to_string(), container.to_string());
+    // Follow ends when the container (this one, by ID) no longer runs.
+    let running = move || {
+        view.pods().into_iter().any(|(_, e)| {
+            e.pod.metadata.namespace.as_deref().unwrap_or("default") == ns
+                && e.pod.metadata.name.as_deref() == Some(pod_name.as_str())
+                && e.status.container_statuses.iter().flatten().any(|c| {
+                    c.name == cname
+                        && c.container_id.as_deref() == Some(id.as_str())
+                        && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                })
+        })
+    };
+    if !path.exists() {
+        warn!(path = %path.display(), "no log file for a log request");
+    }
+    tokio::spawn(logs::stream(path, opts, running, tx));
+    let body = StreamBody::new(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
+    }));
+    let mut r = Response::new(BodyExt::boxed(body));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain"),
+    );
+    r
+}

@@ -1,0 +1,190 @@
+//! End to end: the kubelet API on a node joined to the real control plane,
+//! through the real apiserver and the real `kubectl`, on both runtimes:
+//! `kubectl logs` (plain, `--tail`, `--timestamps`, `--limit-bytes`,
+//! `--since`, `--previous`, `-f` until the container exits), `/pods` and
+//! `/healthz` with a client certificate of the cluster's CA, and the
+//! negatives: no credentials → 401, a bad token → 401, a ServiceAccount
+//! token without RBAC → 403, TLS 1.1 refused.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, DeleteParams, PostParams};
+
+crate::both_runtimes!(
+    kubectl_logs_pods_and_healthz,
+    unauthenticated_and_unauthorized_callers_are_refused
+);
+
+const BB: &str = "kinglet.test/busybox:1";
+
+fn kubectl(args: &[&str]) -> (bool, String, String) {
+    let kc = cluster_dir().join("admin.kubeconfig");
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn join(rt: Rt, prefix: &str) -> (Kinglet, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name(prefix),
+        FAST_CONFIG,
+        true,
+        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
+        &[pods::busybox_archive()],
+    );
+    (k, dir)
+}
+
+async fn kubectl_logs_pods_and_healthz(rt: Rt) {
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-logs");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-talk");
+    // Three lines, then it fails once (for --previous), then talks again
+    // slowly and exits 0 (for -f to end).
+    let script = "echo one; echo two; echo three; if [ ! -e /tmp/again ]; then touch /tmp/again; exit 1; fi; for i in 1 2 3; do echo tick $i; sleep 1; done";
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "restartPolicy": "OnFailure", "terminationGracePeriodSeconds": 1,
+                 "volumes": [{"name": "tmp", "emptyDir": {}}],
+                 "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script],
+                                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for(
+        "the first run failed and the second started",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(&name).await.ok()?;
+            let c = p.status?.container_statuses?.into_iter().next()?;
+            (c.restart_count >= 1).then_some(())
+        },
+    )
+    .await;
+    // -f from the start of the second run: the ticks, then the end.
+    let (ok, out, err) = kubectl(&["logs", "-f", &name]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "one\ntwo\nthree\ntick 1\ntick 2\ntick 3\n");
+    let (ok, prev, err) = kubectl(&["logs", "--previous", &name]);
+    assert!(ok, "{err}");
+    assert_eq!(prev, "one\ntwo\nthree\n");
+    let (_, tail, _) = kubectl(&["logs", "--tail=2", &name]);
+    assert_eq!(tail, "tick 2\ntick 3\n");
+    let (_, ts, _) = kubectl(&["logs", "--timestamps", "--tail=1", &name]);
+    let (stamp, line) = ts.trim_end().split_once(' ').unwrap();
+    assert!(stamp.parse::<jiff::Timestamp>().is_ok(), "{ts}");
+    assert_eq!(line, "tick 3");
+    let (_, limited, _) = kubectl(&["logs", "--limit-bytes=6", &name]);
+    assert_eq!(limited, "one\ntw");
+    let (_, since, _) = kubectl(&["logs", "--since=1h", &name]);
+    assert_eq!(since, out);
+    let (ok, _, err) = kubectl(&["logs", &name, "-c", "nope"]);
+    assert!(!ok && err.contains("nope"), "{err}");
+    // /pods and /healthz with a client certificate of the cluster's CA
+    // (the apiserver refuses to proxy to a loopback node address, so this
+    // goes straight to the node, as the apiserver itself would).
+    let port = std::fs::read_to_string(&k.config)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
+        .unwrap();
+    let pki = cluster_dir().join("pki");
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-sfk", "--cert"])
+            .arg(pki.join("admin.crt"))
+            .arg("--key")
+            .arg(pki.join("admin.key"))
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let list: serde_json::Value = serde_json::from_str(&get("/pods")).unwrap();
+    assert_eq!(list["kind"], "PodList");
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["metadata"]["name"] == name.as_str()),
+        "{list}"
+    );
+    assert_eq!(get("/healthz"), "ok");
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-authz");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let port = std::fs::read_to_string(&k.config)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
+        .unwrap();
+    let url = |path: &str| format!("https://127.0.0.1:{port}{path}");
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(curl(&[&url("/pods")]), "401", "no credentials");
+    assert_eq!(
+        curl(&["--tls-max", "1.1", &url("/pods")]),
+        "000",
+        "TLS 1.1 refused"
+    );
+    // A ServiceAccount with no role at all: known, but not allowed.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let sa_name = format!("{node}-nobody");
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": sa_name}})).unwrap();
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let tr: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 600}})).unwrap();
+    let token = sas
+        .create_token_request(&sa_name, &PostParams::default(), &tr)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .unwrap();
+    let bearer = format!("Authorization: Bearer {token}");
+    for path in ["/pods", "/healthz", "/containerLogs/default/x/c"] {
+        assert_eq!(curl(&["-H", &bearer, &url(path)]), "403", "{path}");
+    }
+    assert_eq!(
+        curl(&["-H", "Authorization: Bearer not-a-token", &url("/pods")]),
+        "401"
+    );
+    let _ = sas.delete(&sa_name, &DeleteParams::default()).await;
+}
