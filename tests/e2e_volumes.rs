@@ -26,6 +26,13 @@ crate::both_runtimes!(
     image_volumes_mount_read_only,
 );
 
+/// Figures, in-process only: the setup time of a pod with 100 ConfigMap
+/// volumes, and the agent's memory per watched object.
+#[tokio::test]
+async fn figures_setup_time_and_memory_per_watched_object() {
+    watched_objects_cost(Rt::Oci).await
+}
+
 const BB: &str = "kinglet.test/busybox:1";
 
 fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
@@ -457,4 +464,61 @@ async fn image_volumes_mount_read_only(rt: Rt) {
             .then_some(())
     })
     .await;
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn watched_objects_cost(rt: Rt) {
+    const N: usize = 100;
+    let admin = admin().await;
+    let j = join(rt, "kl-watch", &[pods::busybox_archive()]);
+    let node = j.k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
+    let names: Vec<String> = (0..N).map(|i| format!("{node}-w{i}")).collect();
+    for n in &names {
+        let cm: ConfigMap = from_yaml(&format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {n}}}\ndata: {{k: v}}\n"
+        ));
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let before = rss_kib(j.k.pid());
+    let mut volumes = String::new();
+    let mut mounts = String::new();
+    for (i, n) in names.iter().enumerate() {
+        volumes.push_str(&format!("  - {{name: v{i}, configMap: {{name: {n}}}}}\n"));
+        mounts.push_str(&format!("    - {{name: v{i}, mountPath: /v/{i}}}\n"));
+    }
+    let name = format!("{node}-many");
+    let t0 = Instant::now();
+    create(&pods, &node, &name, &format!("  containers:\n  - name: c\n    image: {BB}\n    command: [sleep, '600']\n    volumeMounts:\n{mounts}  volumes:\n{volumes}")).await;
+    wait_for(
+        "the pod with 100 ConfigMap volumes Running",
+        Duration::from_secs(120),
+        || async {
+            let p = pods.get(&name).await.ok()?;
+            (p.status?.phase.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await;
+    let setup = t0.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rss_kib(j.k.pid());
+    eprintln!("figure: pod with {N} ConfigMap volumes Running after {setup:?} ({rt:?})");
+    eprintln!(
+        "figure: agent RSS {before} -> {after} KiB with {N} watched ConfigMaps: {:.1} KiB per object (watch, cache, volume)",
+        (after.saturating_sub(before)) as f64 / N as f64
+    );
+    delete_all(&pods, &[name]).await;
+    for n in &names {
+        let _ = cms.delete(n, &DeleteParams::default()).await;
+    }
 }
