@@ -584,7 +584,7 @@ async fn termination_messages_and_log_rotation(rt: Rt) {
     let n = Node::start_with(rt, "containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 2\n");
     n.apply(
         "msg",
-        &format!("  restartPolicy: Never\n  containers:\n  - {{name: file, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'printf bye > /dev/termination-log; exit 3']}}\n  - {{name: custom, image: {BB}, imagePullPolicy: Never, terminationMessagePath: /tmp/why, command: [sh, -c, 'printf custom-why > /tmp/why; exit 0']}}\n  - {{name: fallback, image: {BB}, imagePullPolicy: Never, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last-words; exit 2']}}\n  - {{name: nofallback, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo not-a-message; exit 2']}}\n"),
+        &format!("  restartPolicy: Never\n  containers:\n  - {{name: file, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'printf bye > /dev/termination-log; exit 3']}}\n  - {{name: custom, image: {BB}, imagePullPolicy: Never, terminationMessagePath: /tmp/why, command: [sh, -c, 'printf custom-why > /tmp/why; exit 0']}}\n  - {{name: fallback, image: {BB}, imagePullPolicy: Never, terminationMessagePolicy: FallbackToLogsOnError, command: [sh, -c, 'echo first; echo last-words; exit 2']}}\n  - {{name: nofallback, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'echo not-a-message; exit 2']}}\n  - {{name: nonroot, image: {BB}, imagePullPolicy: Never, securityContext: {{runAsUser: 1000}}, terminationMessagePath: /dev/nonroot-log, command: [sh, -c, 'printf as-1000 > /dev/nonroot-log; exit 0']}}\n"),
     );
     n.apply(
         "spew",
@@ -608,6 +608,12 @@ async fn termination_messages_and_log_rotation(rt: Rt) {
     assert_eq!(t.message.as_deref(), Some("first\nlast-words\n"), "{t:?}");
     let t = term("nofallback");
     assert_eq!(t.message, None, "File policy never reads logs");
+    let t = term("nonroot");
+    assert_eq!(
+        t.message.as_deref(),
+        Some("as-1000"),
+        "a non-root user writes it"
+    );
 
     // Rotation: the in-process runtime rotates as it writes; with CRI,
     // kinglet renames and has containerd reopen the log every 10 s, as

@@ -724,8 +724,14 @@ impl Runtime for CriRuntime {
                     cfg.attempt,
                     unix_nanos_now()
                 ));
+                // 0666, as upstream's kubelet makes it: a container running
+                // as any user can write its termination message.
                 std::fs::create_dir_all(&pod_dir)
                     .and_then(|_| std::fs::write(&file, b""))
+                    .and_then(|_| {
+                        use std::os::unix::fs::PermissionsExt;
+                        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666))
+                    })
                     .map_err(|e| RuntimeError::Other(format!("{}: {e}", file.display())))?;
                 mounts.push(proto::Mount {
                     container_path: cfg.termination_message_path.clone(),

@@ -147,7 +147,13 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
         .collect();
     if !cfg.termination_message_path.is_empty() {
         let tl = dir.join("termination-log");
-        std::fs::write(&tl, b"").map_err(|e| rt_err("termination log", e))?;
+        // 0666, as upstream's kubelet makes it: any user may write it.
+        std::fs::write(&tl, b"")
+            .and_then(|_| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&tl, std::fs::Permissions::from_mode(0o666))
+            })
+            .map_err(|e| rt_err("termination log", e))?;
         mounts.push(spec::BindMount {
             source: tl,
             destination: cfg.termination_message_path.clone(),
