@@ -20,14 +20,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 const BB: &str = "kinglet.test/busybox:1";
 const REPLICAS: usize = 20;
 
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The node's completed requests on pods, by verb and pod name.
 fn node_pod_requests(node: &str) -> BTreeMap<(String, String), usize> {
     let user = format!("system:node:{node}");

@@ -38,16 +38,7 @@ fn kubectl(args: &[&str]) -> (bool, String, String) {
 }
 
 fn join(rt: Rt, prefix: &str) -> (Kinglet, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let k = Kinglet::start_rt(
-        rt,
-        &unique_name(prefix),
-        FAST_CONFIG,
-        true,
-        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
-        &[pods::busybox_archive()],
-    );
-    (k, dir)
+    join_logged(rt, prefix, &[pods::busybox_archive()])
 }
 
 async fn kubectl_logs_pods_and_healthz(rt: Rt) {

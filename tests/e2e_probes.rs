@@ -296,20 +296,11 @@ async fn probes_gate_readiness_and_restart_what_fails(rt: Rt) {
         .delete(&app, &DeleteParams::default())
         .await
         .unwrap();
-    for s in ["delay", "exec", "http", "grpc", "startup", "flip"] {
-        let _ = pods.delete(&p(s), &DeleteParams::default()).await;
-    }
-    for s in ["delay", "exec", "http", "grpc", "startup", "flip"] {
-        wait_for(
-            &format!("{} gone", p(s)),
-            Duration::from_secs(60),
-            || async {
-                matches!(pods.get(&p(s)).await, Err(kube::Error::Api(e)) if e.code == 404)
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    let names: Vec<String> = ["delay", "exec", "http", "grpc", "startup", "flip"]
+        .iter()
+        .map(|s| p(s))
+        .collect();
+    delete_pods(&pods, &names).await;
 }
 
 async fn lifecycle_hooks_run_as_upstream(rt: Rt) {
@@ -421,34 +412,16 @@ async fn lifecycle_hooks_run_as_upstream(rt: Rt) {
         t0.elapsed()
     );
 
-    for s in [
+    let names: Vec<String> = [
         "handler",
         "hooked",
         "badhook",
         "nohost",
         "nobinary",
         "probegrace",
-    ] {
-        let _ = pods
-            .delete(&p(s), &DeleteParams::default().grace_period(0))
-            .await;
-    }
-    for s in [
-        "handler",
-        "hooked",
-        "badhook",
-        "nohost",
-        "nobinary",
-        "probegrace",
-    ] {
-        wait_for(
-            &format!("{} gone", p(s)),
-            Duration::from_secs(60),
-            || async {
-                matches!(pods.get(&p(s)).await, Err(kube::Error::Api(e)) if e.code == 404)
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    ]
+    .iter()
+    .map(|s| p(s))
+    .collect();
+    delete_pods(&pods, &names).await;
 }

@@ -46,16 +46,18 @@ struct Joined {
 }
 
 fn join(rt: Rt, prefix: &str, images: &[&Path]) -> Joined {
-    let dir = tempfile::tempdir().unwrap();
-    let k = Kinglet::start_rt(
-        rt,
-        &unique_name(prefix),
-        FAST_CONFIG,
-        true,
-        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
-        images,
-    );
+    let (k, dir) = join_logged(rt, prefix, images);
     Joined { k, dir }
+}
+
+/// A Ready joined node, the admin client and the default namespace's pods.
+async fn ready_node(rt: Rt, prefix: &str, images: &[&Path]) -> (Joined, kube::Client, Api<Pod>) {
+    let admin = admin().await;
+    let j = join(rt, prefix, images);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    (j, admin, pods)
 }
 
 /// What the pod's containers logged so far (the CRI log files' lines).
@@ -116,17 +118,7 @@ fn restarts(p: &Pod) -> i32 {
 }
 
 async fn delete_all(pods: &Api<Pod>, names: &[String]) {
-    for n in names {
-        let _ = pods
-            .delete(n, &DeleteParams::default().grace_period(0))
-            .await;
-    }
-    for n in names {
-        wait_for(&format!("{n} gone"), Duration::from_secs(60), || async {
-            matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
-        })
-        .await;
-    }
+    delete_pods(pods, names).await
 }
 
 /// Mounts under the node's volume dir (what a deleted pod must not leave).
@@ -142,12 +134,8 @@ fn mounts_under(root: &Path) -> Vec<String> {
 }
 
 async fn object_volumes_are_written_and_kept_current(rt: Rt) {
-    let admin = admin().await;
-    let j = join(rt, "kl-vol", &[pods::busybox_archive()]);
+    let (j, admin, pods) = ready_node(rt, "kl-vol", &[pods::busybox_archive()]).await;
     let node = j.k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), "default");
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), "default");
     let n = |s: &str| format!("{node}-{s}");
@@ -414,12 +402,8 @@ fn pem_der(pem: &[u8]) -> Vec<u8> {
 /// mounted read-only, whole and by sub path; through containerd 1.6,
 /// upstream's `CreateContainerConfigError` saying why.
 async fn image_volumes_mount_read_only(rt: Rt) {
-    let admin = admin().await;
-    let j = join(rt, "kl-img", &[pods::busybox_archive()]);
+    let (j, _admin, pods) = ready_node(rt, "kl-img", &[pods::busybox_archive()]).await;
     let node = j.k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-imgvol");
     let script = "echo whole $(ls /img/bin/busybox) sub $(grep -c root /etc-of-image/passwd) $(touch /img/x 2>/dev/null && echo rw || echo ro); sleep 600";
     create(&pods, &node, &name, &format!(
@@ -464,14 +448,6 @@ async fn image_volumes_mount_read_only(rt: Rt) {
             .then_some(())
     })
     .await;
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 async fn watched_objects_cost(rt: Rt) {

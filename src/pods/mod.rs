@@ -68,6 +68,31 @@ pub(crate) fn test_pod(uid: &str) -> k8s_openapi::api::core::v1::Pod {
     p
 }
 
+/// A running container `name` with ID `id` as a runtime reports it, for
+/// unit tests.
+#[cfg(test)]
+pub(crate) fn running_container(id: &str, name: &str) -> kinglet_runtime::ContainerStatus {
+    kinglet_runtime::ContainerStatus {
+        id: id.into(),
+        sandbox_id: "s".into(),
+        pod_uid: "u1".into(),
+        name: name.into(),
+        attempt: 0,
+        image: "x".into(),
+        image_ref: "x".into(),
+        image_id: "x".into(),
+        state: kinglet_runtime::ContainerState::Running,
+        created_at: 1,
+        started_at: jiff::Timestamp::now().as_nanosecond() as i64,
+        finished_at: 0,
+        exit_code: 0,
+        reason: String::new(),
+        message: String::new(),
+        log_path: String::new(),
+        pid: 1,
+    }
+}
+
 pub use ls::table;
 #[cfg(test)]
 use manager::PodKiller;

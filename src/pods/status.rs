@@ -495,25 +495,7 @@ mod tests {
 
     #[test]
     fn readiness_gates_hold_ready_until_their_conditions_are_true() {
-        let running = ContainerStatus {
-            id: "c-0".into(),
-            sandbox_id: "s".into(),
-            pod_uid: String::new(),
-            name: "c".into(),
-            attempt: 0,
-            image: "x".into(),
-            image_ref: "x".into(),
-            image_id: "x".into(),
-            state: ContainerState::Running,
-            created_at: 1,
-            started_at: 2,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            log_path: String::new(),
-            pid: 1,
-        };
+        let running = crate::pods::running_container("c-0", "c");
         let ready_of = |conds: &str| {
             let y = format!(
                 "metadata: {{name: p, uid: u}}\nspec:\n  readinessGates: [{{conditionType: example.com/lb}}]\n  containers: [{{name: c, image: x}}]\nstatus: {{conditions: [{conds}]}}\n"

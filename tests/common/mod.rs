@@ -497,3 +497,41 @@ pub fn monitor_cleanup(sock: &Path) {
         monitor_call(sock, r#"{"op":"exit"}"#);
     }
 }
+
+/// A process's resident set, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A node joined to the test cluster with `images` loaded and its pod logs
+/// under the returned temp dir (`<dir>/logs`).
+pub fn join_logged(rt: Rt, prefix: &str, images: &[&Path]) -> (Kinglet, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name(prefix),
+        FAST_CONFIG,
+        true,
+        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
+        images,
+    );
+    (k, dir)
+}
+
+/// Deletes the pods (grace 0) and waits until the API has none of them.
+pub async fn delete_pods(pods: &Api<k8s_openapi::api::core::v1::Pod>, names: &[String]) {
+    let dp = kube::api::DeleteParams::default().grace_period(0);
+    for n in names {
+        let _ = pods.delete(n, &dp).await;
+    }
+    for n in names {
+        wait_for(&format!("{n} gone"), Duration::from_secs(60), || async {
+            matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+        })
+        .await;
+    }
+}

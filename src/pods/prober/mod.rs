@@ -579,25 +579,7 @@ mod tests {
     }
 
     fn running(id: &str) -> ContainerStatus {
-        ContainerStatus {
-            id: id.into(),
-            sandbox_id: String::new(),
-            pod_uid: "u1".into(),
-            name: String::new(),
-            attempt: 0,
-            image: String::new(),
-            image_ref: String::new(),
-            image_id: String::new(),
-            state: kinglet_runtime::ContainerState::Running,
-            created_at: 0,
-            started_at: jiff::Timestamp::now().as_nanosecond() as i64,
-            finished_at: 0,
-            exit_code: 0,
-            reason: String::new(),
-            message: String::new(),
-            log_path: String::new(),
-            pid: 1,
-        }
+        crate::pods::running_container(id, "")
     }
 
     #[tokio::test(start_paused = true)]

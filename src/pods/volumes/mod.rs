@@ -62,6 +62,30 @@ struct Token {
 
 type TokenKey = (String, String, i64);
 
+/// The keys of a ConfigMap or Secret a volume (or projection) asks for.
+struct Keys<'a> {
+    kind: ObjectKind,
+    name: &'a str,
+    items: Option<&'a [k8s_openapi::api::core::v1::KeyToPath]>,
+    optional: bool,
+}
+
+impl<'a> Keys<'a> {
+    fn new(
+        kind: ObjectKind,
+        name: &'a str,
+        items: Option<&'a [k8s_openapi::api::core::v1::KeyToPath]>,
+        optional: Option<bool>,
+    ) -> Self {
+        Keys {
+            kind,
+            name,
+            items,
+            optional: optional == Some(true),
+        }
+    }
+}
+
 /// One pod's volumes.
 pub struct Volumes {
     node: NodeContext,
@@ -147,32 +171,19 @@ impl Volumes {
         used: &mut BTreeSet<(ObjectKind, String)>,
     ) -> Result<Option<(Payload, bool)>, String> {
         if let Some(cm) = &v.config_map {
-            let optional = cm.optional == Some(true);
-            let o = self
-                .object(pod, ObjectKind::ConfigMap, &cm.name, optional, used)
-                .await?;
-            let p = render::keys(
+            let src = Keys::new(
                 ObjectKind::ConfigMap,
-                &o,
+                &cm.name,
                 cm.items.as_deref(),
-                cm.default_mode,
-                optional,
-            )?;
+                cm.optional,
+            );
+            let p = self.keys(pod, &src, cm.default_mode, used).await?;
             return Ok(Some((p, false)));
         }
         if let Some(s) = &v.secret {
-            let optional = s.optional == Some(true);
-            let name = s.secret_name.clone().unwrap_or_default();
-            let o = self
-                .object(pod, ObjectKind::Secret, &name, optional, used)
-                .await?;
-            let p = render::keys(
-                ObjectKind::Secret,
-                &o,
-                s.items.as_deref(),
-                s.default_mode,
-                optional,
-            )?;
+            let name = s.secret_name.as_deref().unwrap_or_default();
+            let src = Keys::new(ObjectKind::Secret, name, s.items.as_deref(), s.optional);
+            let p = self.keys(pod, &src, s.default_mode, used).await?;
             return Ok(Some((p, true)));
         }
         if let Some(d) = &v.downward_api {
@@ -198,30 +209,17 @@ impl Volumes {
         used: &mut BTreeSet<(ObjectKind, String)>,
     ) -> Result<Payload, String> {
         if let Some(cm) = &src.config_map {
-            let optional = cm.optional == Some(true);
-            let o = self
-                .object(pod, ObjectKind::ConfigMap, &cm.name, optional, used)
-                .await?;
-            return render::keys(
+            let k = Keys::new(
                 ObjectKind::ConfigMap,
-                &o,
+                &cm.name,
                 cm.items.as_deref(),
-                default_mode,
-                optional,
+                cm.optional,
             );
+            return self.keys(pod, &k, default_mode, used).await;
         }
         if let Some(s) = &src.secret {
-            let optional = s.optional == Some(true);
-            let o = self
-                .object(pod, ObjectKind::Secret, &s.name, optional, used)
-                .await?;
-            return render::keys(
-                ObjectKind::Secret,
-                &o,
-                s.items.as_deref(),
-                default_mode,
-                optional,
-            );
+            let k = Keys::new(ObjectKind::Secret, &s.name, s.items.as_deref(), s.optional);
+            return self.keys(pod, &k, default_mode, used).await;
         }
         if let Some(d) = &src.downward_api {
             return render::downward(
@@ -249,6 +247,19 @@ impl Volumes {
             "only configMap, secret, downwardAPI and serviceAccountToken projections are supported"
                 .into(),
         )
+    }
+
+    /// The files of a ConfigMap's or Secret's keys (a volume or a
+    /// projection of one).
+    async fn keys(
+        &mut self,
+        pod: &Pod,
+        k: &Keys<'_>,
+        default_mode: Option<i32>,
+        used: &mut BTreeSet<(ObjectKind, String)>,
+    ) -> Result<Payload, String> {
+        let o = self.object(pod, k.kind, k.name, k.optional, used).await?;
+        render::keys(k.kind, &o, k.items, default_mode, k.optional)
     }
 
     /// A ConfigMap or Secret of the pod's namespace, followed from now on;
