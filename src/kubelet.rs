@@ -439,6 +439,7 @@ fn node_context(
         node_name: s.node_name.clone(),
         node_ip,
         memory_capacity: host.machine.memory_bytes,
+        cpu_capacity_milli: u64::from(host.machine.cpus) * 1000,
         cluster_dns: cfg.cluster_dns.clone(),
         cluster_domain: cfg.cluster_domain.clone(),
         pod_pids_limit: cfg.pod_pids_limit,

@@ -17,6 +17,8 @@ pub struct NodeContext {
     pub node_name: String,
     pub node_ip: String,
     pub memory_capacity: u64,
+    /// The node's CPUs in millicores (an unset `limits.cpu` reads as it).
+    pub cpu_capacity_milli: u64,
     pub cluster_dns: Vec<String>,
     pub cluster_domain: String,
     pub pod_pids_limit: i64,
@@ -1001,15 +1003,24 @@ pub fn resource_field(
         res.limits
     }
     .unwrap_or_default();
+    // No divisor, or a zero one (what the apiserver's defaults leave), is
+    // 1, as upstream's ExtractContainerResourceValue reads it.
     let divisor = r
         .divisor
         .as_ref()
-        .map_or(1000, |d| quantity_milli(&d.0).max(1));
+        .map(|d| quantity_milli(&d.0))
+        .filter(|d| *d > 0)
+        .unwrap_or(1000);
     match map.get(key) {
         Some(q) => quantity_milli(&q.0).div_ceil(divisor).to_string(),
-        // Unset limits read as node allocatable upstream; the node's
-        // memory is what kinglet knows.
-        None if key == "memory" => node.memory_capacity.to_string(),
+        // Unset limits read as the node's allocatable upstream; kinglet
+        // gives the node's memory and CPUs.
+        None if key == "memory" => (u128::from(node.memory_capacity) * 1000)
+            .div_ceil(divisor)
+            .to_string(),
+        None if key == "cpu" => u128::from(node.cpu_capacity_milli)
+            .div_ceil(divisor)
+            .to_string(),
         None => "0".into(),
     }
 }
@@ -1024,6 +1035,40 @@ mod tests {
     }
 
     const BASE: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: edge, uid: u-1, labels: {app: web}}\n";
+
+    #[test]
+    fn resource_fields_default_to_the_node_and_a_zero_divisor_is_one() {
+        use k8s_openapi::api::core::v1::ResourceFieldSelector;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let node = NodeContext {
+            cpu_capacity_milli: 2000,
+            memory_capacity: 1 << 30,
+            ..Default::default()
+        };
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "c", "resources": {"limits": {"cpu": "1250m"}}
+        }))
+        .unwrap();
+        let sel = |r: &str, d: Option<&str>| ResourceFieldSelector {
+            resource: r.into(),
+            divisor: d.map(|d| Quantity(d.into())),
+            ..Default::default()
+        };
+        assert_eq!(
+            resource_field(&c, &sel("limits.cpu", Some("0")), &node),
+            "2"
+        );
+        assert_eq!(
+            resource_field(&c, &sel("limits.cpu", Some("1m")), &node),
+            "1250"
+        );
+        let unset = Container::default();
+        assert_eq!(resource_field(&unset, &sel("limits.cpu", None), &node), "2");
+        assert_eq!(
+            resource_field(&unset, &sel("limits.memory", Some("1Mi")), &node),
+            "1024"
+        );
+    }
 
     #[test]
     fn host_path_types_are_checked_as_upstream() {

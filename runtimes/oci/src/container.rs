@@ -132,6 +132,55 @@ mod tests {
         }
     }
 
+    /// A privileged container (every capability, rw /sys, all devices)
+    /// runs as an unprivileged one does.
+    #[test]
+    fn runs_a_privileged_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        let rootfs = bundle.join("rootfs");
+        busybox_rootfs(&rootfs);
+        let id = format!("priv-{}", std::process::id());
+        let cfg = ContainerConfig {
+            args: vec!["/bin/sh".into(), "-c".into(), "echo ok; exit 0".into()],
+            env: vec!["PATH=/bin".into()],
+            rootfs: rootfs.clone(),
+            hostname: "priv".into(),
+            cgroups_path: format!("kinglet-test/{id}"),
+            host_network: true,
+            privileged: true,
+            ..Default::default()
+        };
+        let spec = cfg.to_spec();
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec(&spec).unwrap(),
+        )
+        .unwrap();
+        let (r, w) = rustix::pipe::pipe().unwrap();
+        let devnull = std::fs::File::open("/dev/null").unwrap();
+        let w2 = w.try_clone().unwrap();
+        let state = dir.path().join("state");
+        let pid = create(&state, &id, &bundle, devnull.into(), w, w2);
+        let pid = match pid {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = delete(&state, &id);
+                panic!("{e}");
+            }
+        };
+        start(&state, &id).unwrap();
+        let _ = rustix::process::waitpid(
+            Some(rustix::process::Pid::from_raw(pid).unwrap()),
+            rustix::process::WaitOptions::empty(),
+        );
+        let mut out = String::new();
+        std::fs::File::from(r).read_to_string(&mut out).unwrap();
+        assert_eq!(out, "ok\n");
+        delete(&state, &id).unwrap();
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/kinglet-test"));
+    }
+
     #[test]
     fn runs_a_container_and_collects_its_output() {
         let dir = tempfile::tempdir().unwrap();

@@ -97,7 +97,7 @@ impl ContainerConfig {
     /// The `config.json` document.
     pub fn to_spec(&self) -> Value {
         let mut caps: Vec<String> = if self.privileged {
-            ALL_CAPS.iter().map(|s| s.to_string()).collect()
+            current_caps()
         } else {
             DEFAULT_CAPS.iter().map(|s| s.to_string()).collect()
         };
@@ -110,7 +110,7 @@ impl ContainerConfig {
         for c in adds {
             let c = cap_name(c);
             if c == "CAP_ALL" {
-                caps = ALL_CAPS.iter().map(|s| s.to_string()).collect();
+                caps = current_caps();
             } else if !caps.contains(&c) {
                 caps.push(c);
             }
@@ -225,6 +225,31 @@ fn cap_name(c: &str) -> String {
     }
 }
 
+/// Every capability this process may pass on (its bounding set), as
+/// containerd gives privileged containers (`WithAllCurrentCapabilities`):
+/// where kinglet itself runs without some (a restricted host, a container),
+/// asking for those would fail the container's start.
+fn current_caps() -> Vec<String> {
+    static BOUNDING: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let bnd = *BOUNDING.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("CapBnd:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            })
+            .unwrap_or(u64::MAX)
+    });
+    ALL_CAPS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| bnd & (1u64 << i) != 0)
+        .map(|(_, c)| c.to_string())
+        .collect()
+}
+
+/// Every capability, in the kernel's order (the index is its number).
 const ALL_CAPS: &[&str] = &[
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
@@ -332,7 +357,8 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .len(),
-            ALL_CAPS.len()
+            current_caps().len(),
+            "every capability kinglet itself has"
         );
     }
 }
