@@ -272,6 +272,9 @@ impl Kubelet {
             auth,
             view,
             log_root: s.pod_log_dir.clone(),
+            configz: serde_json::to_vec(&serde_json::json!({"kubeletconfig": &s.config}))
+                .unwrap_or_default()
+                .into(),
         });
         let listener = crate::server::bind(addr)?;
         info!(%addr, "serving the kubelet API");

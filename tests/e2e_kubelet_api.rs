@@ -1,8 +1,8 @@
 //! End to end: the kubelet API on a node joined to the real control plane,
 //! through the real apiserver and the real `kubectl`, on both runtimes:
 //! `kubectl logs` (plain, `--tail`, `--timestamps`, `--limit-bytes`,
-//! `--since`, `--previous`, `-f` until the container exits), `/pods` and
-//! `/healthz` with a client certificate of the cluster's CA, and the
+//! `--since`, `--previous`, `-f` until the container exits), `/pods`,
+//! `/healthz` and `/configz` with a client certificate of the cluster's CA, and the
 //! negatives: no credentials → 401, a bad token → 401, a ServiceAccount
 //! token without RBAC → 403, TLS 1.1 refused.
 
@@ -122,6 +122,11 @@ async fn kubectl_logs_pods_and_healthz(rt: Rt) {
         "{list}"
     );
     assert_eq!(get("/healthz"), "ok");
+    let configz: serde_json::Value = serde_json::from_str(&get("/configz")).unwrap();
+    let kc = &configz["kubeletconfig"];
+    assert_eq!(kc["kind"], "KubeletConfiguration", "{configz}");
+    assert_eq!(kc["port"].to_string(), port, "{configz}");
+    assert_eq!(kc["authentication"]["anonymous"]["enabled"], false);
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

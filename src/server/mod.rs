@@ -2,8 +2,8 @@
 //! `pkg/kubelet/server`: HTTPS (rustls with ring: TLS 1.2 and 1.3, ring's
 //! default suites, all AEAD with forward secrecy), every request
 //! authenticated and authorized ([`auth`]), then routed. Built so far:
-//! `/healthz`, `/pods` and `/containerLogs` ([`logs`]) — what the apiserver
-//! proxies for `kubectl logs`. Exec, attach, port-forward, stats and
+//! `/healthz`, `/pods`, `/configz` and `/containerLogs` ([`logs`]) — what
+//! the apiserver proxies for `kubectl logs`. Exec, attach, port-forward, stats and
 //! metrics come next.
 //!
 //! The serving certificate is `tlsCertFile`/`tlsPrivateKeyFile`, or, as
@@ -37,6 +37,9 @@ pub struct State {
     pub auth: Auth,
     pub view: StatusView,
     pub log_root: PathBuf,
+    /// `/configz`: the effective configuration, as upstream's
+    /// `{"kubeletconfig": {...}}`.
+    pub configz: Bytes,
 }
 
 /// Errors setting the server up.
@@ -250,11 +253,21 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
     match parts.as_slice() {
         ["healthz"] => text(StatusCode::OK, "ok"),
         ["pods"] | ["pods", ""] => pods(state),
+        ["configz"] => json(state.configz.clone()),
         ["containerLogs", ns, pod, container] => {
             container_logs(state, ns, pod, container, query).await
         }
         _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
     }
+}
+
+fn json(body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).boxed());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// The node's pods as a `PodList`, statuses as last reported.
@@ -271,12 +284,7 @@ fn pods(state: &State) -> Response<Body> {
         .collect();
     let list =
         serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items});
-    let mut r = Response::new(Full::new(Bytes::from(list.to_string())).boxed());
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    r
+    json(Bytes::from(list.to_string()))
 }
 
 async fn container_logs(
