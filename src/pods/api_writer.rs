@@ -332,6 +332,14 @@ async fn write_status(
         mirrored.insert(uid.clone());
     }
     let mut patch = serde_json::json!({ "status": status });
+    // The address lists are merged by `ip` in a strategic merge patch: the
+    // new list replaces the old one, or an address the pod no longer has
+    // would stay (and two IPv4 addresses are invalid).
+    for list in ["podIPs", "hostIPs"] {
+        if let Some(serde_json::Value::Array(a)) = patch["status"].get_mut(list) {
+            a.insert(0, serde_json::json!({"$patch": "replace"}));
+        }
+    }
     if !is_static(pod)
         && let Some(uid) = &pod.metadata.uid
     {

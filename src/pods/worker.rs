@@ -315,7 +315,7 @@ impl Worker {
         id: &str,
         h: &LifecycleHandler,
     ) -> Result<(), String> {
-        super::hooks::run(&*self.runtime, pod, c, id, h, &self.pod_ip()).await
+        super::hooks::run(&*self.runtime, pod, c, id, h, &self.pod_ip(pod)).await
     }
 
     /// Runs `postStart`; `None` when a kill of the pod arrived first (the
@@ -364,7 +364,7 @@ impl Worker {
     /// them per the restart policy). `true` when it killed one.
     async fn probe_and_kill(&mut self, pod: &Pod, current: &[ContainerStatus]) -> bool {
         let running = Self::probed(pod, current);
-        let pod_ip = self.pod_ip();
+        let pod_ip = self.pod_ip(pod);
         let Some(prober) = self.prober.as_mut() else {
             return false;
         };
@@ -399,12 +399,15 @@ impl Worker {
     }
 
     /// Pods with their own network have the sandbox's IP; host-network
-    /// pods (or nodes without CNI) the node's.
-    fn pod_ip(&self) -> String {
-        self.sandbox
-            .as_ref()
-            .and_then(|s| s.ip.clone())
-            .unwrap_or_else(|| self.node.node_ip.clone())
+    /// pods (or nodes without CNI) the node's. Before its sandbox exists, a
+    /// pod with its own network has none yet, as upstream reports it.
+    fn pod_ip(&self, pod: &Pod) -> String {
+        let host_network = pod.spec.as_ref().and_then(|s| s.host_network) == Some(true);
+        match &self.sandbox {
+            Some(s) => s.ip.clone().unwrap_or_else(|| self.node.node_ip.clone()),
+            None if host_network => self.node.node_ip.clone(),
+            None => String::new(),
+        }
     }
 
     /// Removes everything of the pod from the node.
@@ -840,7 +843,7 @@ impl Worker {
 
     async fn report(&mut self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
         let current = &self.with_log_messages(pod, current)[..];
-        let pod_ip = self.pod_ip();
+        let pod_ip = self.pod_ip(pod);
         let health: &dyn Health = match &self.prober {
             Some(p) => p,
             None => &Unprobed,
