@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what is missing,
 # starts the loopback control plane, runs lint, unit and end-to-end tests,
+# a fast subset of upstream's node conformance specs,
 # cross-builds the static aarch64 binary and runs it under qemu, and stops
 # everything it started.
 set -euo pipefail
@@ -27,6 +28,12 @@ echo "== tests (unit and end to end)"
 set +e
 cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test.log
 rc=${PIPESTATUS[0]}
+echo "== conformance: the fast subset (tests/conformance/ci-specs.txt)"
+# Upstream's own specs against a kinglet node (the debug build the tests
+# just made), on a control plane of their own.
+cargo build --locked --bin kinglet 2>&1 | tail -n1
+tests/conformance/ci.sh 2>&1 | tee target/conformance-ci.log
+crc=${PIPESTATUS[0]}
 set -e
 summary=$(grep -E '^test result:' target/test.log || true)
 passed=$(echo "$summary" | awk '{s+=$4} END {print s+0}')
@@ -34,7 +41,8 @@ failed=$(echo "$summary" | awk '{s+=$6} END {print s+0}')
 ignored=$(echo "$summary" | awk '{s+=$8} END {print s+0}')
 echo "== figures"
 grep -E '^figure:' target/test.log || true
+grep -E '^conformance' target/conformance-ci.log || true
 echo "suite time: $(( $(date +%s) - start )) s"
 if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
 echo "$passed passed, $failed failed, $ignored skipped"
-[ "$rc" = 0 ]
+[ "$rc" = 0 ] && [ "$crc" = 0 ]
