@@ -684,10 +684,34 @@ fn volume_mounts(
             host_path: host,
             container_path: m.mount_path.clone(),
             readonly: m.read_only.unwrap_or(false) || written.contains(m.name.as_str()),
+            propagation: propagation(c, m)?,
             ..Default::default()
         });
     }
     Ok(out)
+}
+
+/// A mount's `mountPropagation`, as upstream's `translateMountPropagation`:
+/// `Bidirectional` only for privileged containers.
+fn propagation(
+    c: &Container,
+    m: &k8s_openapi::api::core::v1::VolumeMount,
+) -> Result<kinglet_runtime::Propagation, ConfigError> {
+    use kinglet_runtime::Propagation;
+    let privileged = c
+        .security_context
+        .as_ref()
+        .and_then(|s| s.privileged)
+        .unwrap_or(false);
+    match m.mount_propagation.as_deref() {
+        None | Some("None") => Ok(Propagation::Private),
+        Some("HostToContainer") => Ok(Propagation::HostToContainer),
+        Some("Bidirectional") if privileged => Ok(Propagation::Bidirectional),
+        Some("Bidirectional") => Err(ConfigError(
+            "Bidirectional mount propagation is available only to privileged containers".into(),
+        )),
+        Some(p) => Err(ConfigError(format!("invalid MountPropagation mode: {p:?}"))),
+    }
 }
 
 /// `volume/sub`, created, and proven to resolve inside `volume`.

@@ -171,6 +171,20 @@ pub struct Mount {
     pub image: String,
     /// A path inside that image to mount instead of its root.
     pub image_sub_path: String,
+    /// `mountPropagation` (CRI `MountPropagation`).
+    pub propagation: Propagation,
+}
+
+/// How mounts propagate between the host and a container's mount.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Propagation {
+    /// `rprivate`: neither way (the default).
+    #[default]
+    Private,
+    /// `rslave`: mounts made on the host appear in the container.
+    HostToContainer,
+    /// `rshared`: both ways (privileged containers only).
+    Bidirectional,
 }
 
 /// What a container is made from (CRI `ContainerConfig`, the parts kinglet

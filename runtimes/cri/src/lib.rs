@@ -705,6 +705,17 @@ impl Runtime for CriRuntime {
                         ..Default::default()
                     }),
                     image_sub_path: m.image_sub_path.clone(),
+                    propagation: match m.propagation {
+                        kinglet_runtime::Propagation::Private => {
+                            proto::MountPropagation::PropagationPrivate
+                        }
+                        kinglet_runtime::Propagation::HostToContainer => {
+                            proto::MountPropagation::PropagationHostToContainer
+                        }
+                        kinglet_runtime::Propagation::Bidirectional => {
+                            proto::MountPropagation::PropagationBidirectional
+                        }
+                    } as i32,
                     ..Default::default()
                 })
                 .collect();

@@ -143,6 +143,7 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
             source: sandbox_dir.join(f),
             destination: format!("/etc/{f}"),
             readonly: false,
+            propagation: Default::default(),
         })
         .collect();
     if !cfg.termination_message_path.is_empty() {
@@ -158,6 +159,7 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
             source: tl,
             destination: cfg.termination_message_path.clone(),
             readonly: false,
+            propagation: Default::default(),
         });
     }
     for (i, m) in cfg.mounts.iter().enumerate() {
@@ -174,6 +176,7 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
             source,
             destination: m.container_path.clone(),
             readonly,
+            propagation: m.propagation,
         });
     }
     Ok(mounts)

@@ -52,6 +52,7 @@ pub struct BindMount {
     pub source: PathBuf,
     pub destination: String,
     pub readonly: bool,
+    pub propagation: kinglet_runtime::Propagation,
 }
 
 /// Everything the spec is made from.
@@ -152,7 +153,15 @@ impl ContainerConfig {
             json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", if self.privileged { "rw" } else { "ro" }]}),
         ];
         for m in &self.mounts {
-            let mut opts = vec!["rbind", "rprivate"];
+            use kinglet_runtime::Propagation;
+            let mut opts = vec![
+                "rbind",
+                match m.propagation {
+                    Propagation::Private => "rprivate",
+                    Propagation::HostToContainer => "rslave",
+                    Propagation::Bidirectional => "rshared",
+                },
+            ];
             opts.push(if m.readonly { "ro" } else { "rw" });
             mounts.push(json!({"destination": m.destination, "type": "bind", "source": m.source, "options": opts}));
         }
@@ -188,6 +197,15 @@ impl ContainerConfig {
         if !self.privileged {
             linux["maskedPaths"] = json!(MASKED);
             linux["readonlyPaths"] = json!(READONLY);
+        }
+        // A propagating mount needs the container's root to propagate at
+        // least as much, as containerd sets it.
+        use kinglet_runtime::Propagation;
+        let props: Vec<Propagation> = self.mounts.iter().map(|m| m.propagation).collect();
+        if props.contains(&Propagation::Bidirectional) {
+            linux["rootfsPropagation"] = json!("shared");
+        } else if props.contains(&Propagation::HostToContainer) {
+            linux["rootfsPropagation"] = json!("slave");
         }
         let mut process = json!({
             "terminal": false,
