@@ -200,6 +200,17 @@ async fn object_volumes_are_written_and_kept_current(rt: Rt) {
         "{l}"
     );
 
+    // fsGroup: the emptyDir (0777, setgid) and the ConfigMap's files belong
+    // to the group, and a non-root user's new file inherits it.
+    let fsg = "echo fsg $(stat -c '%g %a' /v/e) $(stat -c '%g %a' /v/c/..data/g) $(touch /v/e/x && stat -c %g /v/e/x); sleep 600";
+    create(&pods, &node, &n("fsg"), &format!(
+        "  securityContext: {{fsGroup: 1234, runAsUser: 1000}}\n  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, {fsg:?}]\n    volumeMounts: [{{name: e, mountPath: /v/e}}, {{name: c, mountPath: /v/c}}]\n  volumes:\n  - {{name: e, emptyDir: {{}}}}\n  - {{name: c, configMap: {{name: {}, items: [{{key: greeting, path: g, mode: 384}}]}}}}\n",
+        n("cm")
+    ))
+    .await;
+    let l = wait_log(j.dir.path(), &n("fsg"), "fsg ", 60).await;
+    assert!(l.contains("fsg 1234 2777 1234 640 1234"), "{l}");
+
     // An update reaches the running container; so does a new label.
     let t0 = Instant::now();
     let patch = serde_json::json!({"data": {"greeting": "bonjour"}});
@@ -286,7 +297,7 @@ async fn object_volumes_are_written_and_kept_current(rt: Rt) {
         !mounts_under(&root).is_empty(),
         "the secret's tmpfs is mounted"
     );
-    delete_all(&pods, &[n("all"), n("wait"), n("nokey")]).await;
+    delete_all(&pods, &[n("all"), n("fsg"), n("wait"), n("nokey")]).await;
     wait_for("no volume mount left", Duration::from_secs(30), || async {
         mounts_under(&root).is_empty().then_some(())
     })

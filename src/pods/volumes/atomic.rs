@@ -68,15 +68,16 @@ fn top(p: &str) -> &str {
 }
 
 /// Whether `dir` holds exactly `payload` (same files, bytes and modes).
-fn same_as(dir: &Path, payload: &BTreeMap<String, FileProjection>) -> bool {
+fn same_as(dir: &Path, payload: &BTreeMap<String, FileProjection>, gid: Option<u32>) -> bool {
     let files_there = walk(dir);
     if files_there.len() != payload.len() {
         return false;
     }
     payload.iter().all(|(p, f)| {
         let path = dir.join(p);
-        let mode_ok = std::fs::symlink_metadata(&path)
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o7777 == f.mode);
+        let mode_ok = std::fs::symlink_metadata(&path).is_ok_and(|m| {
+            m.is_file() && m.permissions().mode() & 0o7777 == file_mode(f.mode, gid)
+        });
         mode_ok && std::fs::read(&path).is_ok_and(|d| d == f.data)
     })
 }
@@ -153,7 +154,7 @@ pub fn write(
         .collect();
     let unchanged = old
         .as_ref()
-        .is_some_and(|o| same_as(&target.join(o), &payload));
+        .is_some_and(|o| same_as(&target.join(o), &payload, gid));
     if !unchanged {
         let ts = timestamp_dir(target)?;
         if let Err(e) = fill(&ts, &payload, gid) {
@@ -188,6 +189,11 @@ pub fn write(
     Ok(!unchanged)
 }
 
+/// A file's mode on disk: with an fsGroup the group may read.
+fn file_mode(mode: u32, gid: Option<u32>) -> u32 {
+    if gid.is_some() { mode | 0o440 } else { mode }
+}
+
 /// Writes the payload into a fresh directory.
 fn fill(
     dir: &Path,
@@ -211,8 +217,10 @@ fn fill(
         if let Some(g) = gid {
             std::os::unix::fs::fchown(&file, None, Some(g))?;
         }
-        // After the chown, which clears set-id bits.
-        file.set_permissions(std::fs::Permissions::from_mode(f.mode))?;
+        // After the chown, which clears set-id bits. With an fsGroup the
+        // group may read, as upstream's SetVolumeOwnership for a read-only
+        // volume (`mode | 0440`).
+        file.set_permissions(std::fs::Permissions::from_mode(file_mode(f.mode, gid)))?;
     }
     if let Some(g) = gid {
         for d in walk_dirs(dir) {

@@ -95,6 +95,8 @@ pub struct Volumes {
     /// What was last written to each volume, so unchanged rounds write
     /// nothing.
     written: HashMap<String, Payload>,
+    /// emptyDirs already set up (tmpfs, mode, `fsGroup`).
+    owned: BTreeSet<String>,
 }
 
 impl Volumes {
@@ -105,6 +107,7 @@ impl Volumes {
             subs: HashMap::new(),
             tokens: HashMap::new(),
             written: HashMap::new(),
+            owned: BTreeSet::new(),
         }
     }
 
@@ -120,11 +123,8 @@ impl Volumes {
             let dir = self
                 .dir(pod, &v.name)
                 .ok_or_else(|| fail("not a valid volume name".into()))?;
-            if let Some(size) = memory_medium(v) {
-                let d = dir.clone();
-                blocking(move || ensure_tmpfs(&d, size))
-                    .await
-                    .map_err(fail)?;
+            if v.empty_dir.is_some() {
+                self.empty_dir(pod, v, dir).await.map_err(fail)?;
                 continue;
             }
             let Some((payload, tmpfs)) = self.payload(pod, v, &mut used).await.map_err(fail)?
@@ -155,6 +155,44 @@ impl Volumes {
             .values()
             .map(|t| t.refresh_at.saturating_duration_since(now))
             .min())
+    }
+
+    /// An emptyDir, once per worker: on tmpfs with `medium: Memory`,
+    /// mode 0777 as upstream makes it, and given to the pod's `fsGroup`
+    /// (with `fsGroupChangePolicy: OnRootMismatch` only when its root is
+    /// not already right), as upstream's `SetVolumeOwnership`.
+    async fn empty_dir(&mut self, pod: &Pod, v: &Volume, dir: PathBuf) -> Result<(), String> {
+        if self.owned.contains(&v.name) {
+            return Ok(());
+        }
+        let size = memory_medium(v);
+        let gid = fs_group(pod);
+        let on_mismatch = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|s| s.fs_group_change_policy.as_deref())
+            == Some("OnRootMismatch");
+        blocking(move || {
+            use std::os::unix::fs::PermissionsExt;
+            if let Some(size) = size {
+                ensure_tmpfs(&dir, size)?;
+            }
+            let err = |e: std::io::Error| format!("{}: {e}", dir.display());
+            let mode = std::fs::metadata(&dir).map_err(err)?.permissions().mode();
+            if mode & 0o777 != 0o777 {
+                let mode = (mode & 0o7000) | 0o777;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+                    .map_err(err)?;
+            }
+            match gid {
+                Some(g) => set_ownership(&dir, g, on_mismatch).map_err(err),
+                None => Ok(()),
+            }
+        })
+        .await?;
+        self.owned.insert(v.name.clone());
+        Ok(())
     }
 
     fn dir(&self, pod: &Pod, volume: &str) -> Option<PathBuf> {
@@ -377,6 +415,38 @@ fn fs_group(pod: &Pod) -> Option<u32> {
     u32::try_from(g).ok()
 }
 
+/// Upstream's `SetVolumeOwnership` for a writable volume: every file and
+/// dir gets group `gid` and group read-write (dirs also execute and
+/// setgid, so new files keep the group). Symlinks are not followed.
+fn set_ownership(root: &Path, gid: u32, on_root_mismatch: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    const DIR_BITS: u32 = 0o2070;
+    const FILE_BITS: u32 = 0o060;
+    if on_root_mismatch {
+        let m = std::fs::metadata(root)?;
+        if m.gid() == gid && m.mode() & DIR_BITS == DIR_BITS {
+            return Ok(());
+        }
+    }
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p)?;
+        if m.file_type().is_symlink() {
+            continue;
+        }
+        std::os::unix::fs::lchown(&p, None, Some(gid))?;
+        let bits = if m.is_dir() { DIR_BITS } else { FILE_BITS };
+        let mode = (m.mode() & 0o7777) | bits;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))?;
+        if m.is_dir() {
+            for e in std::fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `Some(size limit)` for an emptyDir with `medium: Memory`.
 fn memory_medium(v: &Volume) -> Option<Option<u64>> {
     let e = v.empty_dir.as_ref()?;
@@ -456,6 +526,30 @@ pub fn remove_pod_dir(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fs_group_owns_the_volume_and_on_root_mismatch_skips_a_right_root() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("v");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/f"), b"x").unwrap();
+        std::fs::set_permissions(root.join("sub/f"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        set_ownership(&root, 1234, false).unwrap();
+        let f = std::fs::metadata(root.join("sub/f")).unwrap();
+        assert_eq!((f.gid(), f.mode() & 0o7777), (1234, 0o660));
+        let sub = std::fs::metadata(root.join("sub")).unwrap();
+        assert_eq!(sub.gid(), 1234);
+        assert_eq!(sub.mode() & 0o2070, 0o2070, "setgid and group rwx");
+        // A file added later, with the root already right: left alone.
+        std::fs::write(root.join("late"), b"y").unwrap();
+        std::os::unix::fs::chown(root.join("late"), None, Some(0)).unwrap();
+        set_ownership(&root, 1234, true).unwrap();
+        assert_eq!(std::fs::metadata(root.join("late")).unwrap().gid(), 0);
+        set_ownership(&root, 1234, false).unwrap();
+        assert_eq!(std::fs::metadata(root.join("late")).unwrap().gid(), 1234);
+    }
 
     #[test]
     fn tokens_are_refreshed_at_80_percent_or_after_a_day() {
