@@ -183,6 +183,37 @@ async fn churn_deletes_each_pod_once_and_memory_stays_flat() {
     let admin = common::admin().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    let t_up = std::time::Instant::now();
+    let gone = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Ok(l) = pods.list(&lp).await
+                && !l.items.iter().any(|p| {
+                    p.metadata
+                        .name
+                        .as_ref()
+                        .is_some_and(|n| victims.contains(n))
+                })
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    if gone.is_err() {
+        // What the node did with the victims, for the failure below.
+        eprintln!(
+            "victims still listed {:?} after the restart:",
+            t_up.elapsed()
+        );
+        for l in k
+            .log()
+            .lines()
+            .filter(|l| victims.iter().any(|v| l.contains(v.as_str())))
+        {
+            eprintln!("  {l}");
+        }
+    }
     wait_for(
         "the victims gone after the outage",
         Duration::from_secs(60),

@@ -177,13 +177,13 @@ impl Task {
         let pending = self.take();
         let mut failed = Outbox::default();
         for (uid, (pod, status)) in pending.statuses {
-            let r = write_status(
+            let r = bounded(write_status(
                 &self.client,
                 &self.node_name,
                 &pod,
                 &status,
                 &mut self.mirrored,
-            )
+            ))
             .await;
             if let Err(e) = r {
                 self.failed(&uid, &pod, "cannot write the pod status; will retry", e);
@@ -194,7 +194,7 @@ impl Task {
         }
         for (uid, pod) in pending.deletes {
             self.mirrored.remove(&uid);
-            if let Err(e) = finish(&self.client, &pod).await {
+            if let Err(e) = bounded(finish(&self.client, &pod)).await {
                 self.failed(&uid, &pod, "cannot delete the pod object; will retry", e);
                 failed.deletes.insert(uid, pod);
             } else {
@@ -221,7 +221,9 @@ impl Task {
     }
 
     async fn publish(&self, recorder: &Recorder, e: PodEvent) {
-        let Some(reference) = reference(&self.client, &e.pod).await else {
+        let Ok(Some(reference)) =
+            tokio::time::timeout(API_CALL_TIMEOUT, reference(&self.client, &e.pod)).await
+        else {
             return;
         };
         let ev = Event {
@@ -235,7 +237,7 @@ impl Task {
             action: e.reason,
             secondary: None,
         };
-        if let Err(err) = recorder.publish(&ev, &reference).await {
+        if let Err(err) = bounded(recorder.publish(&ev, &reference)).await {
             debug!(error = %err, "could not record a pod event");
         }
     }
@@ -364,6 +366,23 @@ async fn write_status(
 /// A terminated pod: an API pod being deleted is removed for good (grace
 /// 0, only this UID), a static pod's mirror goes with it. Already gone or
 /// replaced (404, 409) counts as done.
+/// How long one API call of the writer may take. An apiserver that
+/// accepts connections but does not answer (restarting, caches not yet
+/// synced) must not hold every other pod's status and deletion back:
+/// the call fails and is retried with the rest.
+const API_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(API_CALL_TIMEOUT, call).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {}s", API_CALL_TIMEOUT.as_secs()).into(),
+        )),
+    }
+}
+
 async fn finish(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
     let (api, ns, name) = pod_api(client, pod);
     let dp = if is_static(pod) {
