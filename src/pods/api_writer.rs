@@ -126,7 +126,19 @@ impl ApiWriter {
         if let Some(uid) = pod.metadata.uid.clone() {
             let mut o = self.outbox();
             o.statuses.remove(&uid);
-            o.deletes.insert(uid, pod.clone());
+            // A copy of the pod that says it is being deleted is never
+            // replaced by an older one that does not (a stale copy, e.g.
+            // from a relist after the apiserver came back): the delete
+            // would be skipped and the pod left in the API.
+            let deleting = pod.metadata.deletion_timestamp.is_some();
+            o.deletes
+                .entry(uid)
+                .and_modify(|p| {
+                    if deleting || p.metadata.deletion_timestamp.is_none() {
+                        *p = pod.clone();
+                    }
+                })
+                .or_insert_with(|| pod.clone());
             self.wake.notify_one();
         }
     }
@@ -208,7 +220,16 @@ impl Task {
             }
         }
         for (uid, v) in failed.deletes {
-            o.deletes.entry(uid).or_insert(v);
+            // Keep the copy that says the pod is being deleted (see finish).
+            let deleting = v.metadata.deletion_timestamp.is_some();
+            o.deletes
+                .entry(uid)
+                .and_modify(|p| {
+                    if deleting && p.metadata.deletion_timestamp.is_none() {
+                        *p = v.clone();
+                    }
+                })
+                .or_insert(v);
         }
     }
 
