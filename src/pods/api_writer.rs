@@ -421,6 +421,7 @@ async fn finish(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
             ..Default::default()
         }
     } else {
+        info!(pod = %format!("{ns}/{name}"), "pod not being deleted: its API object stays");
         return Ok(());
     };
     match api.delete(&name, &dp).await {
@@ -428,7 +429,10 @@ async fn finish(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
             info!(pod = %format!("{ns}/{name}"), "pod deleted from the API");
             Ok(())
         }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+            info!(pod = %format!("{ns}/{name}"), code = s.code, "pod already gone or replaced in the API");
+            Ok(())
+        }
         Err(e) => Err(e),
     }
 }
