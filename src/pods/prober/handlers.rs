@@ -210,8 +210,15 @@ async fn dial(host: &str, port: u16) -> Result<TcpStream, String> {
         .map_err(|e| dial_error(&addr, &e))
 }
 
-/// TLS without verification, as upstream's probes and hooks (`InsecureSkipVerify`).
+/// TLS without verification, as upstream's probes and hooks
+/// (`InsecureSkipVerify`); made once, not at every HTTPS probe.
 fn insecure_tls() -> std::sync::Arc<rustls::ClientConfig> {
+    static CONFIG: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> =
+        std::sync::OnceLock::new();
+    CONFIG.get_or_init(make_insecure_tls).clone()
+}
+
+fn make_insecure_tls() -> std::sync::Arc<rustls::ClientConfig> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -105,6 +105,12 @@ impl Results {
         self.lock().get(&(id.to_string(), kind)).copied()
     }
 
+    /// Whether the container has started: its startup probe succeeded,
+    /// or it has none (what gates the other probes and `started`).
+    pub fn started(&self, c: &Container, id: &str) -> bool {
+        c.startup_probe.is_none() || self.get(id, Kind::Startup) == Some(Health::Success)
+    }
+
     fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.lock().retain(|(id, _), _| keep(id));
     }
@@ -301,8 +307,7 @@ impl Prober {
 impl super::status::Health for Prober {
     /// Started: its startup probe succeeded, or it has none.
     fn started(&self, c: &Container, id: &str) -> bool {
-        c.startup_probe.is_none()
-            || self.ctx.results.get(id, Kind::Startup) == Some(Health::Success)
+        self.ctx.results.started(c, id)
     }
 
     /// Ready: started, and its readiness probe succeeded, or it has none.
@@ -362,8 +367,7 @@ impl Task {
 
     /// Startup gates the others; a started container's startup probe rests.
     fn gated(&self) -> bool {
-        let started = self.t.container.startup_probe.is_none()
-            || self.ctx.results.get(&self.t.id, Kind::Startup) == Some(Health::Success);
+        let started = self.ctx.results.started(&self.t.container, &self.t.id);
         match self.kind {
             Kind::Startup => started,
             _ => !started,
