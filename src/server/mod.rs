@@ -211,14 +211,20 @@ pub async fn serve(
     }
 }
 
-fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.into())).boxed());
+/// A response with `body` of content type `ctype`.
+fn respond(code: StatusCode, ctype: &'static str, body: Body) -> Response<Body> {
+    let mut r = Response::new(body);
     *r.status_mut() = code;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+        hyper::header::HeaderValue::from_static(ctype),
     );
     r
+}
+
+fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let body = Full::new(Bytes::from(body.into())).boxed();
+    respond(code, "text/plain; charset=utf-8", body)
 }
 
 /// Authenticates, authorizes and routes one request.
@@ -262,12 +268,7 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
 }
 
 fn json(body: Bytes) -> Response<Body> {
-    let mut r = Response::new(Full::new(body).boxed());
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    r
+    respond(StatusCode::OK, "application/json", Full::new(body).boxed())
 }
 
 /// The node's pods as a `PodList`, statuses as last reported.
@@ -337,10 +338,5 @@ async fn container_logs(
             .await
             .map(|b| (Ok::<_, Infallible>(hyper::body::Frame::data(b)), rx))
     }));
-    let mut r = Response::new(BodyExt::boxed(body));
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("text/plain"),
-    );
-    r
+    respond(StatusCode::OK, "text/plain", BodyExt::boxed(body))
 }
