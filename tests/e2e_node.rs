@@ -66,7 +66,8 @@ async fn node_registers_ready_with_lease_conditions_and_events() {
             .kubelet_endpoint
             .unwrap()
             .port,
-        10250
+        i32::from(k.api_port),
+        "daemonEndpoints names the configured kubelet API port"
     );
 
     // kubectl sees it Ready too.

@@ -157,6 +157,8 @@ pub struct Kinglet {
     pub name: String,
     pub dir: tempfile::TempDir,
     pub healthz_port: u16,
+    /// The kubelet API's port (`port:` in the config).
+    pub api_port: u16,
     pub config: PathBuf,
     /// Joined to the test cluster (else standalone).
     pub joined: bool,
@@ -304,6 +306,7 @@ impl Kinglet {
             name: name.into(),
             dir,
             healthz_port,
+            api_port,
             config,
             joined,
             kubeconfig_override: None,
