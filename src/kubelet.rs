@@ -170,7 +170,7 @@ impl Kubelet {
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
         let status = pods::StatusManager::new(status_dir.clone(), writer);
         if let Some(c) = &client {
-            self.start_server(s, host, status.view(), c.clone())?;
+            self.start_server(s, host, status.view(), c.clone(), started.runtime.clone())?;
         }
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
         let (cpu, memory) =
@@ -240,6 +240,7 @@ impl Kubelet {
         host: &Host,
         view: pods::StatusView,
         client: kube::Client,
+        runtime: Arc<dyn Runtime>,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         if cfg.port == 0 {
@@ -275,6 +276,7 @@ impl Kubelet {
             configz: serde_json::to_vec(&serde_json::json!({"kubeletconfig": &s.config}))
                 .unwrap_or_default()
                 .into(),
+            runtime,
         });
         let listener = crate::server::bind(addr)?;
         info!(%addr, "serving the kubelet API");
@@ -337,6 +339,14 @@ impl Kubelet {
                     env!("CARGO_PKG_VERSION")
                 ),
                 kubelet_port: cfg.port,
+                // The kubelet API streams exec and attach over WebSockets
+                // itself (crate::server::exec): the apiserver proxies them
+                // as they are instead of translating them to SPDY.
+                declared_features: if cfg.port != 0 {
+                    vec!["ExtendWebSocketsToKubelet".into()]
+                } else {
+                    vec![]
+                },
                 addresses: facts.addresses,
                 thresholds: cfg.eviction_thresholds()?,
                 reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),

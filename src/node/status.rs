@@ -38,6 +38,10 @@ pub struct StatusConfig {
     pub max_pods: i32,
     pub kubelet_version: String,
     pub kubelet_port: i32,
+    /// `status.declaredFeatures`: what the apiserver may rely on, e.g.
+    /// `ExtendWebSocketsToKubelet` (exec and attach WebSockets proxied to
+    /// the kubelet as they are, not translated to SPDY).
+    pub declared_features: Vec<String>,
     pub addresses: Vec<(String, String)>,
     pub thresholds: EvictionThresholds,
     pub reserved: BTreeMap<String, u64>,
@@ -344,6 +348,8 @@ impl StatusBuilder {
                 system_uuid: m.system_uuid.clone(),
                 ..Default::default()
             }),
+            declared_features: (!self.cfg.declared_features.is_empty())
+                .then(|| self.cfg.declared_features.clone()),
             ..Default::default()
         }
     }
@@ -449,6 +455,7 @@ pub fn change_key(s: &NodeStatus) -> NodeStatus {
         addresses: s.addresses.clone(),
         daemon_endpoints: s.daemon_endpoints.clone(),
         node_info: s.node_info.clone(),
+        declared_features: s.declared_features.clone(),
         ..Default::default()
     }
 }
@@ -480,6 +487,7 @@ mod tests {
             max_pods: cfg.max_pods,
             kubelet_version: "v1.37.2".into(),
             kubelet_port: 10250,
+            declared_features: vec![],
             addresses: vec![("InternalIP".into(), "192.0.2.1".into())],
             thresholds: cfg.eviction_thresholds().unwrap(),
             reserved: reservations(&cfg.system_reserved, &cfg.kube_reserved),
