@@ -27,6 +27,11 @@ async fn kubectl_exec_streams_both_ways_and_returns_the_exit_code() {
     kubectl_exec(Rt::Oci).await
 }
 
+#[tokio::test]
+async fn kubectl_port_forward_carries_two_connections_at_once() {
+    kubectl_port_forward(Rt::Oci).await
+}
+
 const BB: &str = "kinglet.test/busybox:1";
 
 fn kubectl(args: &[&str]) -> (bool, String, String) {
@@ -272,6 +277,104 @@ async fn kubectl_exec(rt: Rt) {
     // A command that cannot start is an error, not a hang.
     let (code, _, err) = kubectl_stdin(&["exec", &name, "--", "/no/such/binary"], b"");
     assert_ne!(code, 0, "{err}");
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// Kills the child when dropped (a `kubectl port-forward` left running).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `kubectl port-forward` through the apiserver: SPDY tunnelled in a
+/// WebSocket to the node, one TCP connection per client connection into
+/// the pod's network namespace (an echo server on the pod's loopback).
+async fn kubectl_port_forward(rt: Rt) {
+    use std::io::{BufRead, Read, Write};
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-pf");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-echo");
+    // An echo server in the pod, reached through its network namespace.
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": BB,
+                                 "command": ["nc", "-ll", "-p", "9000", "-e", "cat"]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        let p = pods.get(&name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let kc = cluster_dir().join("admin.kubeconfig");
+    let mut child = KillOnDrop(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["port-forward", &format!("pod/{name}"), ":9000"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(k.dir.path().join("port-forward.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // "Forwarding from 127.0.0.1:PORT -> 9000"
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(child.0.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    // kubectl says "Handling connection for 9000" for each connection:
+    // its stdout is read to the end (a closed pipe would kill it).
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let port: u16 = line
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no local port in {line:?}"));
+    // Two connections at once, each its own bytes, both ways.
+    let talk = move |seed: u8| {
+        std::thread::spawn(move || {
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            let sent: Vec<u8> = (0..200_000u32)
+                .map(|i| (i as u8).wrapping_mul(seed))
+                .collect();
+            let mut w = c.try_clone().unwrap();
+            let s2 = sent.clone();
+            let writer = std::thread::spawn(move || {
+                w.write_all(&s2).unwrap();
+                w.shutdown(std::net::Shutdown::Write).unwrap();
+            });
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            writer.join().unwrap();
+            (sent, got)
+        })
+    };
+    let (a, b) = (talk(3), talk(7));
+    let pf_err = k.dir.path().join("port-forward.err");
+    for t in [a, b] {
+        let (sent, got) = t.join().unwrap_or_else(|_| {
+            std::thread::sleep(Duration::from_secs(2));
+            let err = std::fs::read_to_string(&pf_err).unwrap_or_default();
+            panic!("a connection failed; kubectl said:\n{err}\n{}", k.log())
+        });
+        assert_eq!(got.len(), sent.len());
+        assert!(got == sent, "the echo differs from what was sent");
+    }
+    drop(child);
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

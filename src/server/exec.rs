@@ -26,6 +26,9 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role};
 use tracing::debug;
 
+use super::{Body, State, Target, text, ws};
+use hyper::{Request, Response, StatusCode};
+
 const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
 const STDERR: u8 = 2;
@@ -348,6 +351,85 @@ where
         let _ = sink.send(Message::Close(Some(normal))).await;
         let _ = sink.close().await;
     }
+}
+
+/// The runtime's ID of the named container, if it runs, or upstream's
+/// 404/500 status and message.
+fn running_container(
+    state: &State,
+    target: &Target<'_>,
+    container: &str,
+) -> Result<String, (StatusCode, String)> {
+    let (_, entry) = target.find(&state.view)?;
+    let s = &entry.status;
+    let statuses = s.container_statuses.iter().flatten();
+    let statuses = statuses
+        .chain(s.init_container_statuses.iter().flatten())
+        .chain(s.ephemeral_container_statuses.iter().flatten());
+    statuses
+        .filter(|c| c.name == container)
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .find_map(|c| c.container_id.as_deref())
+        .map(|id| id.split_once("://").map_or(id, |(_, id)| id).to_string())
+        .ok_or_else(|| {
+            let msg = format!("container not found ({container:?})");
+            (StatusCode::INTERNAL_SERVER_ERROR, msg)
+        })
+}
+
+/// `/exec`: the process is started first (so a refusal is a plain HTTP
+/// error), then the connection is upgraded to a WebSocket and streamed.
+pub async fn handle(
+    state: &State,
+    mut req: Request<hyper::body::Incoming>,
+    target: Target<'_>,
+    container: &str,
+    query: &str,
+) -> Response<Body> {
+    let (cmd, want) = match parse_query(query) {
+        Ok(q) => q,
+        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+    };
+    let (key, offered) = match ws::upgrade_request(&req, "exec") {
+        Ok(k) => k,
+        Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
+    };
+    let Some(protocol) = negotiate(Some(&offered)) else {
+        let msg = "requested protocol(s) are not supported";
+        return text(StatusCode::BAD_REQUEST, msg);
+    };
+    let id = match running_container(state, &target, container) {
+        Ok(id) => id,
+        Err((code, msg)) => return text(code, msg),
+    };
+    let session = match state
+        .runtime
+        .exec(&id, &want.exec_options(cmd.clone()))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            let msg = format!("error executing command in container: {e}");
+            return text(StatusCode::INTERNAL_SERVER_ERROR, msg);
+        }
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(io) => {
+                stream(
+                    hyper_util::rt::TokioIo::new(io),
+                    protocol,
+                    want,
+                    cmd,
+                    session,
+                )
+                .await
+            }
+            Err(e) => debug!(error = %e, "exec upgrade failed; the process is killed"),
+        }
+    });
+    ws::switching(&key, protocol.name)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@
 pub mod auth;
 pub mod exec;
 pub mod logs;
+pub mod portforward;
+pub mod ws;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -256,10 +258,15 @@ async fn handle(
     }
     let query = req.uri().query().unwrap_or("").to_string();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let target = |ns, pod, uid| Target { ns, pod, uid };
     match parts.as_slice() {
-        ["exec", ns, pod, container] => exec(state, req, ns, pod, None, container, &query).await,
-        ["exec", ns, pod, uid, container] => {
-            exec(state, req, ns, pod, Some(uid), container, &query).await
+        ["exec", ns, pod, c] => exec::handle(state, req, target(ns, pod, None), c, &query).await,
+        ["exec", ns, pod, uid, c] => {
+            exec::handle(state, req, target(ns, pod, Some(uid)), c, &query).await
+        }
+        ["portForward", ns, pod] => portforward::handle(state, req, target(ns, pod, None)).await,
+        ["portForward", ns, pod, uid] => {
+            portforward::handle(state, req, target(ns, pod, Some(uid))).await
         }
         _ => route(state, &path, &query).await,
     }
@@ -282,118 +289,28 @@ fn json(body: Bytes) -> Response<Body> {
     respond(StatusCode::OK, "application/json", Full::new(body).boxed())
 }
 
-/// The runtime's ID of a running container, or upstream's 404/500
-/// status and message when there is none.
-fn running_container(
-    view: &StatusView,
-    ns: &str,
-    pod: &str,
-    uid: Option<&str>,
-    container: &str,
-) -> Result<String, (StatusCode, String)> {
-    let found = view.pods().into_iter().find(|(id, e)| {
-        e.pod.metadata.namespace.as_deref().unwrap_or("default") == ns
-            && e.pod.metadata.name.as_deref() == Some(pod)
-            && uid.is_none_or(|u| u == id)
-    });
-    let Some((_, entry)) = found else {
-        return Err((StatusCode::NOT_FOUND, "pod does not exist".into()));
-    };
-    let statuses = entry.status.container_statuses.iter().flatten();
-    let statuses = statuses
-        .chain(entry.status.init_container_statuses.iter().flatten())
-        .chain(entry.status.ephemeral_container_statuses.iter().flatten());
-    statuses
-        .filter(|c| c.name == container)
-        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-        .find_map(|c| c.container_id.as_deref())
-        .map(|id| id.split_once("://").map_or(id, |(_, id)| id).to_string())
-        .ok_or_else(|| {
-            let msg = format!("container not found ({container:?})");
-            (StatusCode::INTERNAL_SERVER_ERROR, msg)
-        })
+/// The pod a streaming request names: `{ns}/{pod}[/{uid}]`.
+pub struct Target<'a> {
+    pub ns: &'a str,
+    pub pod: &'a str,
+    pub uid: Option<&'a str>,
 }
 
-/// `/exec`: the process is started first (so a refusal is a plain HTTP
-/// error), then the connection is upgraded to a WebSocket and streamed.
-async fn exec(
-    state: &State,
-    mut req: Request<hyper::body::Incoming>,
-    ns: &str,
-    pod: &str,
-    uid: Option<&str>,
-    container: &str,
-    query: &str,
-) -> Response<Body> {
-    let (cmd, want) = match exec::parse_query(query) {
-        Ok(q) => q,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
-    };
-    let header = |n: hyper::header::HeaderName| {
-        req.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let upgrade = header(hyper::header::UPGRADE).unwrap_or_default();
-    let Some(key) = header(hyper::header::SEC_WEBSOCKET_KEY)
-        .filter(|_| upgrade.eq_ignore_ascii_case("websocket"))
-    else {
-        let msg = format!(
-            "kinglet streams exec over WebSockets (v5.channel.k8s.io to channel.k8s.io); upgrade {upgrade:?} is not supported"
-        );
-        return text(StatusCode::BAD_REQUEST, msg);
-    };
-    let Some(protocol) = exec::negotiate(header(hyper::header::SEC_WEBSOCKET_PROTOCOL).as_deref())
-    else {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "requested protocol(s) are not supported",
-        );
-    };
-    let id = match running_container(&state.view, ns, pod, uid, container) {
-        Ok(id) => id,
-        Err((code, msg)) => return text(code, msg),
-    };
-    let session = match state
-        .runtime
-        .exec(&id, &want.exec_options(cmd.clone()))
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            let msg = format!("error executing command in container: {e}");
-            return text(StatusCode::INTERNAL_SERVER_ERROR, msg);
-        }
-    };
-    let on_upgrade = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        match on_upgrade.await {
-            Ok(io) => exec::stream(TokioIo::new(io), protocol, want, cmd, session).await,
-            Err(e) => debug!(error = %e, "exec upgrade failed; the process is killed"),
-        }
-    });
-    let mut r = Response::new(Full::new(Bytes::new()).boxed());
-    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = r.headers_mut();
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    for (name, value) in [
-        (hyper::header::UPGRADE, "websocket".to_string()),
-        (hyper::header::CONNECTION, "Upgrade".to_string()),
-        (hyper::header::SEC_WEBSOCKET_ACCEPT, accept),
-        (
-            hyper::header::SEC_WEBSOCKET_PROTOCOL,
-            protocol.name.to_string(),
-        ),
-    ] {
-        if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
-            h.insert(name, v);
-        }
+impl Target<'_> {
+    /// The pod's UID and entry, or upstream's 404.
+    fn find(
+        &self,
+        view: &StatusView,
+    ) -> Result<(String, crate::pods::status_manager::PodEntry), (StatusCode, String)> {
+        view.pods()
+            .into_iter()
+            .find(|(id, e)| {
+                e.pod.metadata.namespace.as_deref().unwrap_or("default") == self.ns
+                    && e.pod.metadata.name.as_deref() == Some(self.pod)
+                    && self.uid.is_none_or(|u| u == id)
+            })
+            .ok_or_else(|| (StatusCode::NOT_FOUND, "pod does not exist".to_string()))
     }
-    if protocol.name.is_empty() {
-        h.remove(hyper::header::SEC_WEBSOCKET_PROTOCOL);
-    }
-    r
 }
 
 /// The node's pods as a `PodList`, statuses as last reported.

@@ -46,6 +46,12 @@ pub struct ExecSession {
     pub exit: BoxFuture<'static, Result<i32, RuntimeError>>,
 }
 
+/// A connection to a port inside a pod ([`crate::Runtime::port_forward`]).
+pub struct PortStream {
+    pub reader: Reader,
+    pub writer: Writer,
+}
+
 /// What [`exec_sync`] keeps of each stream: CRI's message size limit.
 pub const MAX_EXEC_SYNC_OUTPUT: usize = 16 << 20;
 

@@ -461,6 +461,16 @@ pub trait Runtime: Send + Sync {
     ) -> BoxFuture<'a, Result<exec::ExecSession, RuntimeError>> {
         unsupported("Exec")
     }
+    /// CRI `PortForward`: a byte stream to `port` on the sandbox's
+    /// loopback (inside its network namespace), for `kubectl
+    /// port-forward`; dropping both halves closes the connection.
+    fn port_forward<'a>(
+        &'a self,
+        _sandbox_id: &'a str,
+        _port: u16,
+    ) -> BoxFuture<'a, Result<exec::PortStream, RuntimeError>> {
+        unsupported("PortForward")
+    }
     /// CRI `ExecSync` (exec probes and hooks): by default a thin layer on
     /// [`Runtime::exec`]; a timeout of zero is none.
     fn exec_sync<'a>(

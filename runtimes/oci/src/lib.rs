@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kinglet_runtime::exec::{ExecOptions, ExecSession};
+use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
     ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
@@ -929,6 +929,25 @@ impl Runtime for OciRuntime {
         opts: &'a ExecOptions,
     ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
         Box::pin(self.exec_session(id, opts))
+    }
+
+    fn port_forward<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<PortStream, RuntimeError>> {
+        Box::pin(async move {
+            let meta = read_json::<SandboxMeta>(&self.sandbox_dir(sandbox_id).join("meta.json"))
+                .ok_or_else(|| RuntimeError::NotFound(format!("pod sandbox {sandbox_id}")))?;
+            let tcp = network::connect_in(meta.netns, port)
+                .await
+                .map_err(|e| RuntimeError::Other(format!("connecting to port {port}: {e}")))?;
+            let (r, w) = tcp.into_split();
+            Ok(PortStream {
+                reader: Box::pin(r),
+                writer: Box::pin(w),
+            })
+        })
     }
 
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {

@@ -332,3 +332,41 @@ pub fn remove_netns(path: &Path) {
     let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
     let _ = std::fs::remove_file(path);
 }
+
+/// Connects to `port` on the loopback of the network namespace at
+/// `netns` (the host's when `None`, a hostNetwork pod). A socket keeps
+/// the namespace it was made in, so a short-lived thread of kinglet's
+/// own enters the namespace, connects and ends: no fork, no helper
+/// process, and no pooled thread left in a pod's namespace.
+pub async fn connect_in(
+    netns: Option<PathBuf>,
+    port: u16,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Some(netns) = netns else {
+        return tokio::net::TcpStream::connect(addr).await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("kinglet-portfwd".into())
+        .spawn(move || {
+            let r = (|| {
+                let f = std::fs::File::open(&netns)?;
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&f),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )?;
+                let s = std::net::TcpStream::connect_timeout(
+                    &addr,
+                    std::time::Duration::from_secs(10),
+                )?;
+                s.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(s)
+            })();
+            let _ = tx.send(r);
+        })?;
+    let s = rx
+        .await
+        .map_err(|_| std::io::Error::other("port-forward thread ended"))??;
+    tokio::net::TcpStream::from_std(s)
+}

@@ -1,0 +1,86 @@
+//! The WebSocket handshake the streaming endpoints share (`/exec`,
+//! `/portForward`): checking the upgrade request, the 101 answer, and the
+//! upgraded connection as a WebSocket or as a plain byte stream carried
+//! in binary messages (the port-forward tunnel).
+
+use std::io;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::protocol::{Message, Role};
+
+use super::Body;
+
+/// The upgraded connection.
+pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
+
+/// A WebSocket upgrade request's key and offered subprotocols, or the
+/// message of the 400 for anything else (SPDY upgrades included).
+pub fn upgrade_request<B>(req: &Request<B>, what: &str) -> Result<(String, String), String> {
+    let get = |n: header::HeaderName| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    let upgrade = get(header::UPGRADE);
+    let key = get(header::SEC_WEBSOCKET_KEY);
+    if !upgrade.eq_ignore_ascii_case("websocket") || key.is_empty() {
+        return Err(format!(
+            "kinglet streams {what} over WebSockets only; upgrade {upgrade:?} is not supported"
+        ));
+    }
+    Ok((key, get(header::SEC_WEBSOCKET_PROTOCOL)))
+}
+
+/// The 101 that accepts `key` with `protocol` (none when empty).
+pub fn switching(key: &str, protocol: &str) -> Response<Body> {
+    use http_body_util::BodyExt;
+    let mut r = Response::new(http_body_util::Full::new(Bytes::new()).boxed());
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let h = r.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if !protocol.is_empty()
+        && let Ok(v) = HeaderValue::from_str(protocol)
+    {
+        h.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+    }
+    r
+}
+
+/// The server side of the WebSocket on an upgraded connection.
+pub async fn accept(io: Upgraded) -> WebSocketStream<Upgraded> {
+    WebSocketStream::from_raw_socket(io, Role::Server, None).await
+}
+
+/// A WebSocket as a byte stream: each binary message's bytes in order,
+/// each write one binary message; a close (or any error) is the end.
+pub fn byte_stream(
+    ws: WebSocketStream<Upgraded>,
+) -> impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static {
+    let (sink, source) = ws.split();
+    let source = source
+        .take_while(|m| std::future::ready(matches!(m, Ok(m) if !m.is_close())))
+        .filter_map(|m| {
+            std::future::ready(match m {
+                Ok(Message::Binary(b)) => Some(Ok::<Bytes, io::Error>(b)),
+                _ => None,
+            })
+        });
+    let sink = sink
+        .sink_map_err(io::Error::other)
+        .with(|b: Bytes| std::future::ready(Ok::<_, io::Error>(Message::Binary(b))));
+    let reader = tokio_util::io::StreamReader::new(Box::pin(source));
+    let writer = tokio_util::io::SinkWriter::new(tokio_util::io::CopyToBytes::new(Box::pin(sink)));
+    tokio::io::join(reader, writer)
+}
