@@ -144,6 +144,10 @@ impl ApiWriter {
     }
 }
 
+const STATUS: &str = "status";
+const DELETE: &str = "delete";
+const DELETE_FAILED: &str = "cannot delete the pod object; will retry";
+
 struct Task {
     client: Client,
     node_name: String,
@@ -151,8 +155,10 @@ struct Task {
     wake: Arc<Notify>,
     /// Static pods whose mirror pod exists, so it is created once.
     mirrored: HashSet<String>,
-    /// The last error per pod, so a persistent failure is logged once.
-    failing: HashMap<String, String>,
+    /// The last error per pod and kind of write (status, delete), so a
+    /// persistent failure is logged once, and a delete failing the way the
+    /// status writes failed is still logged.
+    failing: HashMap<(String, &'static str), String>,
 }
 
 impl Task {
@@ -201,16 +207,17 @@ impl Task {
                 self.failed(&uid, &pod, "cannot write the pod status; will retry", e);
                 failed.statuses.insert(uid, (pod, status));
             } else {
-                self.failing.remove(&uid);
+                self.failing.remove(&(uid, STATUS));
             }
         }
         for (uid, pod) in pending.deletes {
             self.mirrored.remove(&uid);
             if let Err(e) = bounded(finish(&self.client, &pod)).await {
-                self.failed(&uid, &pod, "cannot delete the pod object; will retry", e);
+                self.failed(&uid, &pod, DELETE_FAILED, e);
                 failed.deletes.insert(uid, pod);
             } else {
-                self.failing.remove(&uid);
+                self.failing.remove(&(uid.clone(), DELETE));
+                self.failing.remove(&(uid, STATUS));
             }
         }
         let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
@@ -233,11 +240,19 @@ impl Task {
         }
     }
 
-    fn failed(&mut self, uid: &str, pod: &Pod, what: &str, e: kube::Error) {
+    fn failed(&mut self, uid: &str, pod: &Pod, what: &'static str, e: kube::Error) {
         let msg = e.to_string();
-        if self.failing.get(uid) != Some(&msg) {
+        let key = (
+            uid.to_string(),
+            if what == DELETE_FAILED {
+                DELETE
+            } else {
+                STATUS
+            },
+        );
+        if self.failing.get(&key) != Some(&msg) {
             warn!(pod = %pod_name(pod), error = %msg, "{what}");
-            self.failing.insert(uid.to_string(), msg);
+            self.failing.insert(key, msg);
         }
     }
 
