@@ -17,20 +17,10 @@ use kube::api::{Api, DeleteParams, PostParams};
 
 crate::both_runtimes!(
     kubectl_logs_pods_and_healthz,
-    unauthenticated_and_unauthorized_callers_are_refused
+    unauthenticated_and_unauthorized_callers_are_refused,
+    kubectl_exec,
+    kubectl_port_forward
 );
-
-// The in-process runtime streams exec itself; with CRI, containerd's
-// streaming server is not connected yet (README, "not built yet").
-#[tokio::test]
-async fn kubectl_exec_streams_both_ways_and_returns_the_exit_code() {
-    kubectl_exec(Rt::Oci).await
-}
-
-#[tokio::test]
-async fn kubectl_port_forward_carries_two_connections_at_once() {
-    kubectl_port_forward(Rt::Oci).await
-}
 
 const BB: &str = "kinglet.test/busybox:1";
 

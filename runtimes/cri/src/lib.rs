@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ExecResult,
     FsUsage, ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError,
@@ -26,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info};
 
 pub mod logs;
+pub mod streaming;
 
 #[allow(clippy::all, missing_docs)]
 pub mod proto {
@@ -1121,6 +1123,52 @@ impl Runtime for CriRuntime {
                 stdout: r.stdout,
                 stderr: r.stderr,
             })
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        id: &'a str,
+        opts: &'a ExecOptions,
+    ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
+        Box::pin(async move {
+            let req = proto::ExecRequest {
+                container_id: id.into(),
+                cmd: opts.cmd.clone(),
+                tty: opts.tty,
+                stdin: opts.stdin,
+                stdout: true,
+                stderr: !opts.tty,
+            };
+            let url = self
+                .rt()
+                .exec(request(req, REQUEST_TIMEOUT))
+                .await
+                .map_err(|e| status_err("Exec", e))?
+                .into_inner()
+                .url;
+            streaming::exec_session(&url, opts).await
+        })
+    }
+
+    fn port_forward<'a>(
+        &'a self,
+        sandbox_id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, Result<PortStream, RuntimeError>> {
+        Box::pin(async move {
+            let req = proto::PortForwardRequest {
+                pod_sandbox_id: sandbox_id.into(),
+                port: vec![i32::from(port)],
+            };
+            let url = self
+                .rt()
+                .port_forward(request(req, REQUEST_TIMEOUT))
+                .await
+                .map_err(|e| status_err("PortForward", e))?
+                .into_inner()
+                .url;
+            streaming::port_stream(&url, port).await
         })
     }
 

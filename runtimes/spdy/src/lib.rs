@@ -132,6 +132,47 @@ impl StreamWriter {
     }
 }
 
+impl StreamReader {
+    /// As an `AsyncRead` (a pipe fed by a task), for callers that want one.
+    pub fn into_async_read(mut self) -> impl AsyncRead + Send + Unpin + 'static {
+        use tokio::io::AsyncWriteExt;
+        let (mut near, far) = tokio::io::duplex(CHUNK);
+        tokio::spawn(async move {
+            while let Some(b) = self.read().await {
+                if near.write_all(&b).await.is_err() {
+                    return;
+                }
+            }
+            let _ = near.shutdown().await;
+        });
+        far
+    }
+}
+
+impl StreamWriter {
+    /// As an `AsyncWrite` (a pipe drained by a task); its shutdown sends
+    /// the FIN.
+    pub fn into_async_write(self) -> impl AsyncWrite + Send + Unpin + 'static {
+        use tokio::io::AsyncReadExt;
+        let (near, mut far) = tokio::io::duplex(CHUNK);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match far.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if self.write(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            self.close().await;
+        });
+        near
+    }
+}
+
 impl Stream {
     /// A header's value (names are lowercase on the wire).
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -201,6 +242,28 @@ impl Conn {
     /// Ends the connection: GOAWAY, then the writer closes the transport.
     pub async fn close(&self) {
         let _ = self.out.send(Out::GoAway).await;
+    }
+
+    /// A guard that ends the connection when dropped (the connection's
+    /// own tasks keep it open otherwise, as long as the transport is).
+    pub fn closer(&self) -> Closer {
+        Closer(self.out.clone())
+    }
+}
+
+/// Ends a connection when dropped ([`Conn::closer`]).
+pub struct Closer(mpsc::Sender<Out>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        if let Err(mpsc::error::TrySendError::Full(f)) = self.0.try_send(Out::GoAway)
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let tx = self.0.clone();
+            rt.spawn(async move {
+                let _ = tx.send(f).await;
+            });
+        }
     }
 }
 
