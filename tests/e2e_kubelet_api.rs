@@ -19,6 +19,7 @@ crate::both_runtimes!(
     kubectl_logs_pods_and_healthz,
     unauthenticated_and_unauthorized_callers_are_refused,
     kubectl_exec,
+    kubectl_exec_on_a_terminal,
     kubectl_port_forward
 );
 
@@ -365,6 +366,116 @@ async fn kubectl_port_forward(rt: Rt) {
         assert!(got == sent, "the echo differs from what was sent");
     }
     drop(child);
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// A pseudo-terminal for kubectl: (master, slave).
+fn openpty(cols: u16, rows: u16) -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut m, mut s) = (0, 0);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty(3) with valid out-pointers and a valid winsize.
+    let r = unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) };
+    assert_eq!(r, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: openpty returned two new descriptors this code now owns.
+    unsafe { (std::fs::File::from_raw_fd(m), std::fs::File::from_raw_fd(s)) }
+}
+
+/// `kubectl exec -it` driven through a pty, as a user at a terminal: the
+/// shell in the container has a terminal of its own (from the
+/// container's devpts), the window size kubectl sends, and what is typed.
+async fn kubectl_exec_on_a_terminal(rt: Rt) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-tty");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-tty");
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        let p = pods.get(&name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let (mut master, slave) = openpty(91, 27);
+    let kc = cluster_dir().join("admin.kubeconfig");
+    let mut child = KillOnDrop(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["exec", "-it", &name, "--", "sh"])
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave)
+            .spawn()
+            .unwrap(),
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut reader = master.try_clone().unwrap();
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    });
+    let text = || String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    let wait_text = |what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !text().contains(what) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {what:?} on the terminal; it shows:\n{}",
+                text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_text("# ");
+    master
+        .write_all(b"stty size; tty; echo answer=$((6*7)); exit 3\r")
+        .unwrap();
+    wait_text("answer=42");
+    let status = {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = child.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "kubectl did not end");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let shown = text();
+    assert!(
+        shown.contains("27 91"),
+        "the window size reached the shell:\n{shown}"
+    );
+    assert!(
+        shown.contains("/dev/pts/"),
+        "the shell has a terminal:\n{shown}"
+    );
+    assert_eq!(status.code(), Some(3), "{shown}");
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -91,6 +91,105 @@ pub fn exec(
     Ok(pid.as_raw())
 }
 
+/// As [`exec`], on a new terminal: libcontainer's tenant makes the
+/// pseudo-terminal from the container's own devpts, makes it the
+/// process's controlling terminal and stdio, and sends the master end over
+/// a console socket; that master is returned with the pid.
+///
+/// No thread accepts the console socket while the tenant starts (the
+/// monitor stays single-threaded): the child's connect and send complete
+/// against the listen backlog, and the master is collected after `build`.
+pub fn exec_tty(
+    state_root: &Path,
+    id: &str,
+    bundle: &Path,
+    args: Vec<String>,
+) -> Result<(i32, OwnedFd), ContainerError> {
+    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .map_err(|e| err(id, format!("exec: {e}")))?;
+    let mut process = spec.process().clone().unwrap_or_default();
+    process.set_args(Some(args));
+    process.set_terminal(Some(true));
+    process.set_console_size(None);
+    let nonce = std::process::id()
+        ^ (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0));
+    let dir = state_root.join(id);
+    let process_json = dir.join(format!("exec-{nonce:x}.json"));
+    let sock_path = dir.join(format!("exec-{nonce:x}.sock"));
+    let cleanup = || {
+        let _ = std::fs::remove_file(&process_json);
+        let _ = std::fs::remove_file(&sock_path);
+    };
+    let r = (|| {
+        let body = serde_json::to_vec(&process).map_err(|e| err(id, e))?;
+        std::fs::write(&process_json, body).map_err(|e| err(id, e))?;
+        let listener = bind_short(&dir, &format!("exec-{nonce:x}.sock")).map_err(|e| err(id, e))?;
+        let pid = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+            .with_root_path(state_root)
+            .map_err(|e| err(id, e))?
+            .with_console_socket(Some(&sock_path))
+            .as_tenant()
+            .with_detach(true)
+            .with_process(Some(&process_json))
+            .build()
+            .map_err(|e| err(id, format!("exec: {e}")))?;
+        let master =
+            receive_master(&listener).map_err(|e| err(id, format!("exec terminal: {e}")))?;
+        Ok((pid.as_raw(), master))
+    })();
+    cleanup();
+    r
+}
+
+/// Binds `dir/name` through a relative path: a container's state dir is
+/// often longer than a socket address may be (libcontainer connects
+/// through a symlink for the same reason). The monitor is single-threaded,
+/// so changing its working directory for a moment is safe.
+fn bind_short(dir: &Path, name: &str) -> std::io::Result<std::os::unix::net::UnixListener> {
+    let prev = std::env::current_dir()?;
+    std::env::set_current_dir(dir)?;
+    let r = std::os::unix::net::UnixListener::bind(name);
+    std::env::set_current_dir(prev)?;
+    r
+}
+
+/// The pty master the tenant sent, waiting at most 10 s for it.
+fn receive_master(listener: &std::os::unix::net::UnixListener) -> std::io::Result<OwnedFd> {
+    use rustix::event::{PollFd, PollFlags, poll};
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let timeout = rustix::event::Timespec {
+        tv_sec: 10,
+        tv_nsec: 0,
+    };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    if poll(&mut fds, Some(&timeout))? == 0 {
+        return Err(std::io::Error::other(
+            "no terminal from the exec within 10s",
+        ));
+    }
+    let (conn, _) = listener.accept()?;
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+    let mut buf = [0u8; 256];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut fds = [PollFd::new(&conn, PollFlags::IN)];
+    if poll(&mut fds, Some(&timeout))? == 0 {
+        return Err(std::io::Error::other(
+            "no terminal from the exec within 10s",
+        ));
+    }
+    rustix::net::recvmsg(&conn, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)?;
+    cmsg.drain()
+        .find_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(mut it) => it.next(),
+            _ => None,
+        })
+        .ok_or_else(|| std::io::Error::other("the console socket carried no terminal"))
+}
+
 fn load(state_root: &Path, id: &str) -> Result<Container, ContainerError> {
     Container::load(state_root.join(id)).map_err(|e| err(id, format!("load: {e}")))
 }

@@ -19,6 +19,7 @@ mod events;
 pub mod images;
 pub mod monitor;
 pub mod network;
+mod pty;
 pub mod spec;
 
 use std::path::{Path, PathBuf};
@@ -319,11 +320,11 @@ impl OciRuntime {
         opts: &ExecOptions,
     ) -> Result<ExecSession, RuntimeError> {
         use tokio::net::unix::pipe;
-        if opts.tty {
-            return Err(RuntimeError::Unsupported("exec with a terminal"));
-        }
         if opts.cmd.is_empty() {
             return Err(RuntimeError::Other("exec: no command given".into()));
+        }
+        if opts.tty {
+            return self.exec_tty(id, opts).await;
         }
         let io = |e: std::io::Error| RuntimeError::Other(format!("exec pipes: {e}"));
         let mk =
@@ -357,6 +358,43 @@ impl OciRuntime {
             stdout: Some(Box::pin(stdout)),
             stderr: Some(Box::pin(stderr)),
             resize: None,
+            exit: Box::pin(async move {
+                handle
+                    .wait()
+                    .await
+                    .map_err(|e| RuntimeError::Other(e.to_string()))
+            }),
+        })
+    }
+
+    /// An exec on a terminal: its output on stdout, its input on stdin (if
+    /// asked for), window sizes applied to it.
+    async fn exec_tty(&self, id: &str, opts: &ExecOptions) -> Result<ExecSession, RuntimeError> {
+        let (handle, master) = self
+            .monitor
+            .exec_tty(id, &opts.cmd)
+            .await
+            .map_err(|e| match e {
+                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
+                e => RuntimeError::Other(e.to_string()),
+            })?;
+        let master = pty::Master::new(master)
+            .map_err(|e| RuntimeError::Other(format!("exec terminal: {e}")))?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<kinglet_runtime::exec::TermSize>(4);
+        let sizer = master.clone();
+        tokio::spawn(async move {
+            while let Some(s) = rx.recv().await {
+                let _ = sizer.resize(s.width, s.height);
+            }
+        });
+        let stdin = opts
+            .stdin
+            .then(|| Box::pin(master.clone()) as kinglet_runtime::exec::Writer);
+        Ok(ExecSession {
+            stdin,
+            stdout: Some(Box::pin(master)),
+            stderr: None,
+            resize: Some(tx),
             exit: Box::pin(async move {
                 handle
                     .wait()

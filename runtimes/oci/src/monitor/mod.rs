@@ -62,6 +62,10 @@ pub enum Request {
     Exec {
         id: String,
         args: Vec<String>,
+        /// On a new terminal instead: no descriptors come with the
+        /// request, and the answer carries the terminal's master end.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        tty: bool,
     },
     /// Stops the monitor; refused while it has containers.
     Exit,
@@ -207,6 +211,42 @@ impl ExecHandle {
     }
 }
 
+/// Reads one answer line and the descriptors that came with it (the
+/// answer is read byte-exact up to its newline, so nothing after it is
+/// lost to a buffer).
+async fn recv_line_with_fds(
+    s: &tokio::net::UnixStream,
+) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
+    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let (mut line, mut fds) = (Vec::new(), Vec::new());
+    loop {
+        s.readable().await?;
+        let mut byte = [0u8; 1];
+        let r = s.try_io(tokio::io::Interest::READABLE, || {
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+            let mut cmsg = RecvAncillaryBuffer::new(&mut space);
+            let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+            let r = rustix::net::recvmsg(s, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC)?;
+            for m in cmsg.drain() {
+                if let RecvAncillaryMessage::ScmRights(it) = m {
+                    fds.extend(it);
+                }
+            }
+            Ok(r.bytes)
+        });
+        match r {
+            Ok(0) => return Ok((line, fds)),
+            Ok(_) if byte[0] == b'\n' => return Ok((line, fds)),
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if line.len() > 64 * 1024 {
+            return Err(std::io::Error::other("answer too long"));
+        }
+    }
+}
+
 /// Sends one request line with file descriptors attached.
 async fn send_with_fds(
     s: &tokio::net::UnixStream,
@@ -327,6 +367,7 @@ impl Client {
         let req = Request::Exec {
             id: id.into(),
             args: args.to_vec(),
+            tty: false,
         };
         let mut line = serde_json::to_vec(&req).map_err(|e| MonitorError::Failed(e.to_string()))?;
         line.push(b'\n');
@@ -346,6 +387,44 @@ impl Client {
             .map_err(|e| self.io_error(e))?;
         match serde_json::from_str(&out) {
             Ok(Response::Exec { pid }) => Ok(ExecHandle { pid, conn }),
+            Ok(Response::Error { message, kind }) => Err(match kind {
+                ErrorKind::NotFound => MonitorError::NotFound(message),
+                _ => MonitorError::Failed(message),
+            }),
+            _ if out.is_empty() => Err(MonitorError::Failed(
+                "connection closed without an answer".into(),
+            )),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Starts `args` in running container `id` on a new terminal; returns
+    /// the process and the terminal's master end.
+    pub async fn exec_tty(
+        &self,
+        id: &str,
+        args: &[String],
+    ) -> Result<(ExecHandle, OwnedFd), MonitorError> {
+        let req = Request::Exec {
+            id: id.into(),
+            args: args.to_vec(),
+            tty: true,
+        };
+        let mut line = serde_json::to_vec(&req).map_err(|e| MonitorError::Failed(e.to_string()))?;
+        line.push(b'\n');
+        let mut s = tokio::net::UnixStream::connect(&self.sock)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        s.write_all(&line).await.map_err(|e| self.io_error(e))?;
+        let (out, mut fds) = recv_line_with_fds(&s).await.map_err(|e| self.io_error(e))?;
+        match serde_json::from_slice(&out) {
+            Ok(Response::Exec { pid }) => {
+                let master = fds
+                    .pop()
+                    .ok_or_else(|| MonitorError::Failed("the monitor sent no terminal".into()))?;
+                let conn = BufReader::new(s);
+                Ok((ExecHandle { pid, conn }, master))
+            }
             Ok(Response::Error { message, kind }) => Err(match kind {
                 ErrorKind::NotFound => MonitorError::NotFound(message),
                 _ => MonitorError::Failed(message),

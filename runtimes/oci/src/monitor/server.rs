@@ -180,6 +180,24 @@ fn exit_code_of(status: i32) -> i32 {
     }
 }
 
+/// Writes an answer with one descriptor attached (best effort, as every
+/// answer: a client that went away is cleaned up by the caller).
+fn send_with_fd(sock: &UnixStream, line: &[u8], fd: &OwnedFd) {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use std::os::fd::AsFd;
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut cmsg = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd.as_fd()];
+    cmsg.push(SendAncillaryMessage::ScmRights(&fds));
+    let iov = [std::io::IoSlice::new(line)];
+    match rustix::net::sendmsg(sock, &iov, &mut cmsg, SendFlags::empty()) {
+        Ok(n) if n < line.len() => {
+            let _ = (&*sock).write_all(&line[n..]);
+        }
+        _ => {}
+    }
+}
+
 /// Reads what a client sent, keeping the file descriptors that came with it.
 fn recv(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
     use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
@@ -432,6 +450,21 @@ impl Monitor {
             .map_err(|e| Box::new(failed(e.to_string())))
     }
 
+    /// As [`Self::exec`], on a new terminal (no descriptors needed).
+    fn exec_tty(&mut self, id: &str, args: Vec<String>) -> Result<(i32, OwnedFd), Box<Response>> {
+        let Some(r) = self.records.get(id) else {
+            return Err(Box::new(not_found(id)));
+        };
+        if r.status != "running" {
+            return Err(Box::new(failed(format!(
+                "container {id} is not running ({})",
+                r.status
+            ))));
+        }
+        container::exec_tty(&self.state_root, id, &r.bundle, args)
+            .map_err(|e| Box::new(failed(e.to_string())))
+    }
+
     /// Answers the requests of the clients that are ready. A `watch` turns
     /// its connection into a watcher at once (anything it sent after the
     /// request is ignored: the connection is a stream from then on).
@@ -453,8 +486,21 @@ impl Monitor {
                 let req = serde_json::from_slice::<Request>(&line);
                 let watch = matches!(req, Ok(Request::Watch));
                 let mut exec_pid = None;
+                let mut terminal: Option<OwnedFd> = None;
                 let resp = match req {
-                    Ok(Request::Exec { id, args }) => {
+                    Ok(Request::Exec {
+                        id,
+                        args,
+                        tty: true,
+                    }) => match self.exec_tty(&id, args) {
+                        Ok((pid, master)) => {
+                            exec_pid = Some(pid);
+                            terminal = Some(master);
+                            Response::Exec { pid }
+                        }
+                        Err(r) => *r,
+                    },
+                    Ok(Request::Exec { id, args, .. }) => {
                         match self.exec(&id, args, std::mem::take(&mut c.fds)) {
                             Ok(pid) => {
                                 exec_pid = Some(pid);
@@ -471,7 +517,12 @@ impl Monitor {
                 let mut out = serde_json::to_vec(&resp).unwrap_or_default();
                 out.push(b'\n');
                 let _ = c.sock.set_nonblocking(false);
-                let _ = c.sock.write_all(&out);
+                match terminal.take() {
+                    Some(t) => send_with_fd(&c.sock, &out, &t),
+                    None => {
+                        let _ = c.sock.write_all(&out);
+                    }
+                }
                 let _ = c.sock.set_nonblocking(true);
                 if watch {
                     if let Ok(w) = c.sock.try_clone() {
