@@ -23,6 +23,14 @@ crate::both_runtimes!(
     kubectl_port_forward
 );
 
+// Attach needs the container's own stdin, which only containerd keeps so
+// far (the in-process monitor writes container output to the log and
+// holds no stdin: README, "not built yet").
+#[tokio::test]
+async fn kubectl_attach_reaches_the_containers_own_stdin_and_stdout() {
+    kubectl_attach(Rt::Cri).await
+}
+
 const BB: &str = "kinglet.test/busybox:1";
 
 fn kubectl(args: &[&str]) -> (bool, String, String) {
@@ -476,6 +484,86 @@ async fn kubectl_exec_on_a_terminal(rt: Rt) {
         "the shell has a terminal:\n{shown}"
     );
     assert_eq!(status.code(), Some(3), "{shown}");
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// `kubectl attach -i`: lines typed reach the container's main process,
+/// its answers come back, and the attach ends with the container.
+async fn kubectl_attach(rt: Rt) {
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-attach");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-att");
+    let script = r#"while read l; do echo "got:$l"; [ "$l" = bye ] && exit 0; done"#;
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": BB, "stdin": true,
+                                 "command": ["sh", "-c", script]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        let p = pods.get(&name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    // stdin stays open while the container answers (at the end of its
+    // stdin a client detaches, as with containerd's attach).
+    use std::io::{BufRead, Write};
+    let kc = cluster_dir().join("admin.kubeconfig");
+    let mut child = KillOnDrop(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["attach", "-i", &name])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(l);
+        }
+    });
+    for word in ["hello", "bye"] {
+        // Written again until answered: the first lines may come before
+        // the attach is up.
+        let want = format!("got:{word}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut answered = false;
+        while !answered && std::time::Instant::now() < deadline {
+            writeln!(stdin, "{word}").unwrap();
+            while let Ok(l) = rx.recv_timeout(Duration::from_millis(500)) {
+                if l == want {
+                    answered = true;
+                    break;
+                }
+            }
+        }
+        assert!(answered, "no {want:?} from the container");
+    }
+    let status = child.0.wait().unwrap();
+    assert!(status.success(), "kubectl attach: {status}");
+    wait_for("the container ended", Duration::from_secs(30), || async {
+        let p = pods.get(&name).await.ok()?;
+        (p.status?.phase? == "Succeeded").then_some(())
+    })
+    .await;
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -797,6 +797,9 @@ pub fn container_config(
         ),
         privileged,
         readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
         no_new_privileges: sc.allow_privilege_escalation == Some(false) && !privileged,
         seccomp_runtime_default: sc
             .seccomp_profile

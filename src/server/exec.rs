@@ -102,10 +102,10 @@ pub struct Streams {
     pub tty: bool,
 }
 
-/// `command=…` (repeated) and the stream flags, as upstream's
+/// `command=…` (repeated; exec only) and the stream flags, as upstream's
 /// `remotecommand.NewOptions`: a flag is set by `1` (what the apiserver
 /// sends) or `true`; a terminal merges stderr into stdout.
-pub fn parse_query(query: &str) -> Result<(Vec<String>, Streams), String> {
+pub fn parse_query(query: &str, needs_command: bool) -> Result<(Vec<String>, Streams), String> {
     let mut cmd = Vec::new();
     let mut s = Streams::default();
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -125,7 +125,7 @@ pub fn parse_query(query: &str) -> Result<(Vec<String>, Streams), String> {
     if !(s.stdin || s.stdout || s.stderr) {
         return Err("you must specify at least 1 of stdin, stdout, stderr".into());
     }
-    if cmd.is_empty() {
+    if needs_command && cmd.is_empty() {
         return Err("you must specify a command".into());
     }
     Ok((cmd, s))
@@ -377,16 +377,25 @@ fn running_container(
         })
 }
 
-/// `/exec`: the process is started first (so a refusal is a plain HTTP
-/// error), then the connection is upgraded to a WebSocket and streamed.
+/// Which endpoint a streaming request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Exec,
+    Attach,
+}
+
+/// `/exec` and `/attach`: the process is started (or the attach made)
+/// first, so a refusal is a plain HTTP error; then the connection is
+/// upgraded to a WebSocket and streamed.
 pub async fn handle(
     state: &State,
     mut req: Request<hyper::body::Incoming>,
+    kind: Kind,
     target: Target<'_>,
     container: &str,
     query: &str,
 ) -> Response<Body> {
-    let (cmd, want) = match parse_query(query) {
+    let (cmd, want) = match parse_query(query, kind == Kind::Exec) {
         Ok(q) => q,
         Err(e) => return text(StatusCode::BAD_REQUEST, e),
     };
@@ -402,14 +411,18 @@ pub async fn handle(
         Ok(id) => id,
         Err((code, msg)) => return text(code, msg),
     };
-    let session = match state
-        .runtime
-        .exec(&id, &want.exec_options(cmd.clone()))
-        .await
-    {
+    let opts = want.exec_options(cmd.clone());
+    let started = match kind {
+        Kind::Exec => state.runtime.exec(&id, &opts).await,
+        Kind::Attach => state.runtime.attach(&id, &opts).await,
+    };
+    let session = match started {
         Ok(s) => s,
         Err(e) => {
-            let msg = format!("error executing command in container: {e}");
+            let msg = match kind {
+                Kind::Exec => format!("error executing command in container: {e}"),
+                Kind::Attach => format!("error attaching to container: {e}"),
+            };
             return text(StatusCode::INTERNAL_SERVER_ERROR, msg);
         }
     };
@@ -448,8 +461,11 @@ mod tests {
 
     #[test]
     fn query_gives_the_command_and_streams_as_upstream() {
-        let (cmd, s) =
-            parse_query("command=sh&command=-c&command=echo%20hi&stdout=1&stderr=1&tty=0").unwrap();
+        let (cmd, s) = parse_query(
+            "command=sh&command=-c&command=echo%20hi&stdout=1&stderr=1&tty=0",
+            true,
+        )
+        .unwrap();
         assert_eq!(cmd, ["sh", "-c", "echo hi"]);
         assert_eq!(
             s,
@@ -460,7 +476,7 @@ mod tests {
             }
         );
         // A terminal has no separate stderr.
-        let (_, s) = parse_query("command=sh&stdin=true&stdout=1&stderr=1&tty=1").unwrap();
+        let (_, s) = parse_query("command=sh&stdin=true&stdout=1&stderr=1&tty=1", true).unwrap();
         assert!(s.tty && s.stdin && !s.stderr);
         assert!(
             parse_query("command=sh")

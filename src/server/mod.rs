@@ -260,9 +260,17 @@ async fn handle(
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let target = |ns, pod, uid| Target { ns, pod, uid };
     match parts.as_slice() {
-        ["exec", ns, pod, c] => exec::handle(state, req, target(ns, pod, None), c, &query).await,
-        ["exec", ns, pod, uid, c] => {
-            exec::handle(state, req, target(ns, pod, Some(uid)), c, &query).await
+        [kind @ ("exec" | "attach"), ns, pod, rest @ ..] => {
+            let kind = match *kind {
+                "exec" => exec::Kind::Exec,
+                _ => exec::Kind::Attach,
+            };
+            let (uid, c) = match rest {
+                [c] => (None, *c),
+                [uid, c] => (Some(*uid), *c),
+                _ => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+            };
+            exec::handle(state, req, kind, target(ns, pod, uid), c, &query).await
         }
         ["portForward", ns, pod] => portforward::handle(state, req, target(ns, pod, None)).await,
         ["portForward", ns, pod, uid] => {

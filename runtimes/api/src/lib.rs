@@ -225,6 +225,10 @@ pub struct ContainerConfig {
     pub termination_message_path: String,
     /// `seccompProfile: RuntimeDefault` (container's, else the pod's).
     pub seccomp_runtime_default: bool,
+    /// `stdin`, `stdinOnce`, `tty` of the pod spec (what attach needs).
+    pub stdin: bool,
+    pub stdin_once: bool,
+    pub tty: bool,
 }
 
 /// CRI container states.
@@ -460,6 +464,16 @@ pub trait Runtime: Send + Sync {
         _opts: &'a exec::ExecOptions,
     ) -> BoxFuture<'a, Result<exec::ExecSession, RuntimeError>> {
         unsupported("Exec")
+    }
+    /// CRI `Attach`: the running container's own streams (its stdin when
+    /// it was created with one); `exit` resolves when the container's
+    /// process ends or the runtime ends the attach.
+    fn attach<'a>(
+        &'a self,
+        _id: &'a str,
+        _opts: &'a exec::ExecOptions,
+    ) -> BoxFuture<'a, Result<exec::ExecSession, RuntimeError>> {
+        unsupported("Attach")
     }
     /// CRI `PortForward`: a byte stream to `port` on the sandbox's
     /// loopback (inside its network namespace), for `kubectl

@@ -784,6 +784,9 @@ impl Runtime for CriRuntime {
                 labels,
                 annotations,
                 log_path: cfg.log_path.clone(),
+                stdin: cfg.stdin,
+                stdin_once: cfg.stdin_once,
+                tty: cfg.tty,
                 linux: Some(proto::LinuxContainerConfig {
                     resources: Some(proto::LinuxContainerResources {
                         cpu_period: if cfg.cpu_quota.is_some() { 100_000 } else { 0 },
@@ -1147,6 +1150,31 @@ impl Runtime for CriRuntime {
                 .map_err(|e| status_err("Exec", e))?
                 .into_inner()
                 .url;
+            streaming::exec_session(&url, opts).await
+        })
+    }
+
+    fn attach<'a>(
+        &'a self,
+        id: &'a str,
+        opts: &'a ExecOptions,
+    ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
+        Box::pin(async move {
+            let req = proto::AttachRequest {
+                container_id: id.into(),
+                stdin: opts.stdin,
+                tty: opts.tty,
+                stdout: true,
+                stderr: !opts.tty,
+            };
+            let url = self
+                .rt()
+                .attach(request(req, REQUEST_TIMEOUT))
+                .await
+                .map_err(|e| status_err("Attach", e))?
+                .into_inner()
+                .url;
+            tracing::debug!(%url, "attach through the runtime's streaming server");
             streaming::exec_session(&url, opts).await
         })
     }
