@@ -478,12 +478,15 @@ mod tests {
         // A terminal has no separate stderr.
         let (_, s) = parse_query("command=sh&stdin=true&stdout=1&stderr=1&tty=1", true).unwrap();
         assert!(s.tty && s.stdin && !s.stderr);
+        let refused = parse_query("command=sh", true).unwrap_err();
+        assert!(refused.contains("at least 1"), "{refused}");
         assert!(
-            parse_query("command=sh")
+            parse_query("stdout=1", true)
                 .unwrap_err()
-                .contains("at least 1")
+                .contains("command")
         );
-        assert!(parse_query("stdout=1").unwrap_err().contains("command"));
+        // Attach names no command.
+        assert!(parse_query("stdout=1", false).unwrap().0.is_empty());
     }
 
     #[test]
