@@ -197,6 +197,9 @@ async fn probes_gate_readiness_and_restart_what_fails(rt: Rt) {
     // A startup probe holds liveness off: the liveness check would fail
     // until the file exists at 8 s; the container is never restarted.
     create(&pods, &node, &p("startup"), "", &format!("{grace}  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, 'sleep 8; touch /tmp/started; sleep 600']\n    startupProbe: {{exec: {{command: [cat, /tmp/started]}}, periodSeconds: 1, failureThreshold: 60}}\n    livenessProbe: {{exec: {{command: [cat, /tmp/started]}}, periodSeconds: 1, failureThreshold: 1}}\n")).await;
+    // A sidecar's readiness holds the pod's back (upstream counts
+    // restartable init containers in ContainersReady).
+    create(&pods, &node, &p("sidecar"), "", &format!("{grace}  initContainers:\n  - name: side\n    image: {AGNHOST}\n    restartPolicy: Always\n    args: [netexec, --http-port=8080]\n    readinessProbe: {{httpGet: {{path: /healthz, port: 8080}}, initialDelaySeconds: 6, periodSeconds: 1}}\n  containers:\n  - name: c\n    image: {BB}\n    command: [sleep, '600']\n")).await;
     // The delayed readiness.
     let ready = wait_pod(&pods, &p("delay"), "Ready", 90, is_ready).await;
     let cs = container_status(&ready).unwrap();
@@ -229,6 +232,39 @@ async fn probes_gate_readiness_and_restart_what_fails(rt: Rt) {
     );
     assert_eq!(cs.restart_count, 0);
     assert!(condition_true(&ready, "ContainersReady"));
+    // What the condition said while False is gone (the status patch
+    // clears it), and the state that was `waiting` is only `running` now.
+    assert_eq!(
+        (cond.reason.as_deref(), cond.message.as_deref()),
+        (None, None),
+        "{cond:?}"
+    );
+    assert!(cs.state.as_ref().unwrap().waiting.is_none(), "{cs:?}");
+
+    let side = wait_pod(&pods, &p("sidecar"), "Ready", 90, is_ready).await;
+    let status = side.status.as_ref().unwrap();
+    let sidecar = status.init_container_statuses.as_ref().unwrap()[0].clone();
+    let side_started = sidecar
+        .state
+        .unwrap()
+        .running
+        .unwrap()
+        .started_at
+        .unwrap()
+        .0;
+    let side_ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap()
+        .0;
+    let waited = side_ready.duration_since(side_started);
+    assert!(
+        waited >= jiff::SignedDuration::from_secs(5),
+        "the pod Ready {waited:?} after its sidecar started, before the sidecar's initial delay"
+    );
 
     // Exec liveness restarts with upstream's events.
     wait_pod(&pods, &p("exec"), "restarted", 90, |p| restarts(p) >= 1).await;
@@ -296,10 +332,12 @@ async fn probes_gate_readiness_and_restart_what_fails(rt: Rt) {
         .delete(&app, &DeleteParams::default())
         .await
         .unwrap();
-    let names: Vec<String> = ["delay", "exec", "http", "grpc", "startup", "flip"]
-        .iter()
-        .map(|s| p(s))
-        .collect();
+    let names: Vec<String> = [
+        "delay", "sidecar", "exec", "http", "grpc", "startup", "flip",
+    ]
+    .iter()
+    .map(|s| p(s))
+    .collect();
     delete_pods(&pods, &names).await;
 }
 

@@ -373,9 +373,22 @@ async fn write_status(
     // The address lists are merged by `ip` in a strategic merge patch: the
     // new list replaces the old one, or an address the pod no longer has
     // would stay (and two IPv4 addresses are invalid).
+    // (The container status lists have no merge key: a patch replaces
+    // them whole already.)
     for list in ["podIPs", "hostIPs"] {
         if let Some(serde_json::Value::Array(a)) = patch["status"].get_mut(list) {
             a.insert(0, serde_json::json!({"$patch": "replace"}));
+        }
+    }
+    // Conditions are merged by type (others', such as readiness gates,
+    // stay), so a reason and message a condition no longer has are
+    // cleared explicitly: `Ready: True` must not keep the reason it had
+    // while False.
+    if let Some(serde_json::Value::Array(cs)) = patch["status"].get_mut("conditions") {
+        for c in cs.iter_mut().filter_map(|c| c.as_object_mut()) {
+            for field in ["reason", "message"] {
+                c.entry(field).or_insert(serde_json::Value::Null);
+            }
         }
     }
     if !is_static(pod)

@@ -207,7 +207,15 @@ pub fn pod_status(
     // PodObservedGenerationTracking (GA, locked on in 1.37): the status and
     // each condition say which generation of the spec they describe.
     let generation = pod.metadata.generation;
-    let mut conditions = conditions(phase, &regular, &init, sandbox_ready);
+    // Sidecars (restartable init containers) count for readiness, first,
+    // as upstream's GenerateContainersReadyCondition lists them.
+    let sidecars: Vec<KStatus> = inits
+        .iter()
+        .zip(spec.init_containers.iter().flatten())
+        .filter(|(_, c)| c.restart_policy.as_deref() == Some("Always"))
+        .map(|(s, _)| s.clone())
+        .collect();
+    let mut conditions = conditions(phase, &sidecars, &regular, &init, sandbox_ready);
     gate_readiness(pod, &mut conditions);
     for c in &mut conditions {
         c.observed_generation = generation;
@@ -370,12 +378,14 @@ fn gate_readiness(pod: &Pod, conditions: &mut [PodCondition]) {
 /// The five pod conditions with upstream's reasons and messages.
 fn conditions(
     phase: &str,
+    sidecars: &[KStatus],
     regular: &[KStatus],
     init: &InitProgress,
     sandbox_ready: bool,
 ) -> Vec<PodCondition> {
-    let not_ready: Vec<&str> = regular
+    let not_ready: Vec<&str> = sidecars
         .iter()
+        .chain(regular)
         .filter(|s| !s.ready)
         .map(|s| s.name.as_str())
         .collect();
