@@ -730,14 +730,28 @@ fn sub_path(mount: &str, volume: &str, sub: &str) -> Result<String, ConfigError>
     // followed out of the volume, not even to create a directory. (A pod
     // racing this still could; upstream opens each component with openat.)
     let mut host = root.clone();
+    // As upstream's SafeMakeDir: what is made gets the volume root's mode,
+    // set explicitly (no umask), so a 0777 emptyDir's subPath is 0777 too.
+    use std::os::unix::fs::PermissionsExt;
+    let io = |p: &std::path::Path, e: std::io::Error| {
+        ConfigError(format!("subPath {}: {e}", p.display()))
+    };
+    let root_mode = std::fs::metadata(&root)
+        .map_err(|e| io(&root, e))?
+        .permissions()
+        .mode()
+        & 0o7777;
     for part in sub.split('/').filter(|p| !p.is_empty() && *p != ".") {
         host.push(part);
         match std::fs::symlink_metadata(&host) {
             Ok(_) if !inside(&host) => return Err(outside()),
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&host)
-                .map_err(|e| ConfigError(format!("subPath {}: {e}", host.display())))?,
-            Err(e) => return Err(ConfigError(format!("subPath {}: {e}", host.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&host).map_err(|e| io(&host, e))?;
+                std::fs::set_permissions(&host, std::fs::Permissions::from_mode(root_mode))
+                    .map_err(|e| io(&host, e))?;
+            }
+            Err(e) => return Err(io(&host, e)),
         }
     }
     if !inside(&host) {
@@ -1279,10 +1293,18 @@ mod tests {
             !d.path().join("inner").exists(),
             "created through the symlink"
         );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o2777)).unwrap();
         assert_eq!(
             sub_path("m", &v, "ok/deep").unwrap(),
             format!("{v}/ok/deep")
         );
+        // Made with the volume root's mode, whatever the umask.
+        let made = std::fs::metadata(vol.join("ok/deep"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(made & 0o7777, 0o2777);
         std::os::unix::fs::symlink("ok", vol.join("alias")).unwrap();
         assert!(
             sub_path("m", &v, "alias/x").is_ok(),

@@ -481,10 +481,13 @@ fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
     if is_mount_point(dir) {
         return Ok(());
     }
-    let mut opts = "mode=0755".to_string();
-    if let Some(s) = size.filter(|s| *s > 0) {
-        opts.push_str(&format!(",size={s}"));
-    }
+    // No `mode=`: the root is tmpfs's 1777, as upstream mounts it (an
+    // emptyDir keeps the sticky bit; a secret volume's root reads
+    // drwxrwxrwt as on any kubelet).
+    let opts = match size.filter(|s| *s > 0) {
+        Some(s) => format!("size={s}"),
+        None => String::new(),
+    };
     use rustix::mount::{MountFlags, mount};
     let data = std::ffi::CString::new(opts).map_err(|e| e.to_string())?;
     mount(
