@@ -90,6 +90,14 @@ fill_nonewprivs() {
   printf 'nonroot:x:1234:1234::/:/bin/sh\n' >> "$1/etc/passwd"
 }
 
+# glibc-dns-testing: what matters is a glibc `hostname` (its -f resolves
+# through glibc's NSS, files then dns, as upstream's Debian-based image).
+fill_glibc_dns() {
+  rootfs "$1"
+  rm -f "$1/bin/hostname"
+  with_libs "$1" /bin/hostname /bin/hostname
+}
+
 agnhost=$(cat "$bin/agnhost.version")
 image "e2e-test-images/agnhost:$agnhost" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
 image "e2e-test-images/agnhost:2.55" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
@@ -97,3 +105,4 @@ image "e2e-test-images/busybox:1.37.0-2" fill_busybox --config.cmd sh
 image "pause:3.10.2" fill_pause --config.entrypoint /pause
 image "e2e-test-images/nonroot:1.5" fill_nonroot --config.user 1234 --config.cmd sh
 image "e2e-test-images/nonewprivs:1.4" fill_nonewprivs --config.user 1234 --config.cmd nnp
+image "e2e-test-images/glibc-dns-testing:2.1.1" fill_glibc_dns --config.cmd sh
