@@ -271,11 +271,18 @@ impl Kubelet {
         );
         let state = Arc::new(crate::server::State {
             auth,
-            view,
             log_root: s.pod_log_dir.clone(),
             configz: serde_json::to_vec(&serde_json::json!({"kubeletconfig": &s.config}))
                 .unwrap_or_default()
                 .into(),
+            stats: crate::server::stats::Sampler::new(
+                s.node_name.clone(),
+                runtime.clone(),
+                view.clone(),
+                s.root_dir.clone(),
+                s.root_dir.clone(),
+            ),
+            view,
             runtime,
         });
         let listener = crate::server::bind(addr)?;

@@ -20,7 +20,8 @@ crate::both_runtimes!(
     unauthenticated_and_unauthorized_callers_are_refused,
     kubectl_exec,
     kubectl_exec_on_a_terminal,
-    kubectl_port_forward
+    kubectl_port_forward,
+    stats_summary_and_resource_metrics_measure_the_pods
 );
 
 // Attach needs the container's own stdin, which only containerd keeps so
@@ -564,6 +565,105 @@ async fn kubectl_attach(rt: Rt) {
         (p.status?.phase? == "Succeeded").then_some(())
     })
     .await;
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// GET `path` on the node's kubelet API with the cluster admin's client
+/// certificate (the apiserver refuses to proxy to a loopback node
+/// address, so this goes straight to the node, as metrics-server does).
+fn node_get(k: &Kinglet, path: &str) -> String {
+    let pki = cluster_dir().join("pki");
+    let out = Command::new("curl")
+        .args(["-sfk", "--cert"])
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://127.0.0.1:{}{path}", k.api_port))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "GET {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `/stats/summary` and `/metrics/resource` (what metrics-server scrapes)
+/// with a pod that burns CPU and holds memory.
+async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
+    let admin = admin().await;
+    let (k, _dir) = join(rt, "kl-stats");
+    let node = k.name.clone();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{node}-busy");
+    // A CPU loop, and 20 MiB held in a file in /dev/shm (shared memory
+    // counts in the container's memory cgroup).
+    let script = "head -c 20971520 /dev/zero > /dev/shm/fill; while :; do :; done";
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        let p = pods.get(&name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = node_get(&k, "/stats/summary");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let summary: serde_json::Value = serde_json::from_str(&node_get(&k, "/stats/summary")).unwrap();
+    let n = &summary["node"];
+    assert_eq!(n["nodeName"], node.as_str());
+    assert!(
+        n["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0,
+        "{n}"
+    );
+    assert!(n["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{n}");
+    assert!(n["fs"]["capacityBytes"].as_u64().unwrap() > 0, "{n}");
+    let pod = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("{name} not in {summary}"))
+        .clone();
+    let c = &pod["containers"][0];
+    assert_eq!(c["name"], "c");
+    // About one core busy: at least a tenth of one, measured over 2 s.
+    let rate = c["cpu"]["usageNanoCores"].as_u64().unwrap();
+    assert!(rate > 100_000_000, "usageNanoCores {rate}: {c}");
+    let ws = c["memory"]["workingSetBytes"].as_u64().unwrap();
+    assert!(ws >= 20 << 20, "working set {ws}: {c}");
+    assert!(
+        pod["memory"]["workingSetBytes"].as_u64().unwrap() >= ws,
+        "{pod}"
+    );
+
+    let metrics = node_get(&k, "/metrics/resource");
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(&format!(
+                "container_cpu_usage_seconds_total{{container=\"c\",namespace=\"default\",pod=\"{name}\"}}"
+            ))
+        })
+        .unwrap_or_else(|| panic!("no cpu sample for {name}:\n{metrics}"));
+    let secs: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(secs > 0.5, "{line}");
+    assert!(
+        metrics.contains("node_memory_working_set_bytes "),
+        "{metrics}"
+    );
+    assert!(metrics.contains("resource_scrape_error 0"), "{metrics}");
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -14,6 +14,7 @@ pub mod auth;
 pub mod exec;
 pub mod logs;
 pub mod portforward;
+pub mod stats;
 pub mod ws;
 
 use std::convert::Infallible;
@@ -45,6 +46,8 @@ pub struct State {
     pub configz: Bytes,
     /// Where `/exec` starts its processes.
     pub runtime: Arc<dyn kinglet_runtime::Runtime>,
+    /// `/stats/summary` and `/metrics/resource`.
+    pub stats: stats::Sampler,
 }
 
 /// Errors setting the server up.
@@ -286,6 +289,19 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
         ["healthz"] => text(StatusCode::OK, "ok"),
         ["pods"] | ["pods", ""] => pods(state),
         ["configz"] => json(state.configz.clone()),
+        ["stats", "summary"] | ["stats", "summary", ""] => {
+            let snap = state.stats.snapshot().await;
+            json(Bytes::from(state.stats.summary(&snap).to_string()))
+        }
+        ["metrics", "resource"] => {
+            let snap = state.stats.snapshot().await;
+            let body = Full::new(Bytes::from(stats::resource_metrics(&snap))).boxed();
+            respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                body,
+            )
+        }
         ["containerLogs", ns, pod, container] => {
             container_logs(state, ns, pod, container, query).await
         }
