@@ -150,6 +150,31 @@ fn restartable(policy: &str, exit_code: i32) -> bool {
     }
 }
 
+/// Whether an exited container starts again, as upstream's
+/// `ContainerShouldRestart` (ContainerRestartRules, beta in 1.35): a
+/// container with its own `restartPolicy` has its `restartPolicyRules`
+/// tried first (a matching `Restart` rule restarts it), then its own
+/// policy; else the pod's policy decides.
+pub fn should_restart(c: &Container, pod_policy: &str, exit_code: i32) -> bool {
+    let Some(own) = c.restart_policy.as_deref() else {
+        return restartable(pod_policy, exit_code);
+    };
+    let matches = |r: &&k8s_openapi::api::core::v1::ContainerRestartRule| {
+        r.exit_codes.as_ref().is_some_and(|e| {
+            let listed = e.values.iter().flatten().any(|v| *v == exit_code);
+            match e.operator.as_str() {
+                "In" => listed,
+                "NotIn" => !listed,
+                _ => false,
+            }
+        })
+    };
+    match c.restart_policy_rules.iter().flatten().find(matches) {
+        Some(r) if r.action == "Restart" => true,
+        _ => restartable(own, exit_code),
+    }
+}
+
 /// One container's step; `true` when it finished successfully for good.
 fn container_step(
     c: &Container,
@@ -185,7 +210,7 @@ fn container_step(
         ContainerState::Created | ContainerState::Unknown => {
             (mk(Step::StartCreated(latest.id.clone()), false), false)
         }
-        ContainerState::Exited if !restartable(policy, latest.exit_code) => {
+        ContainerState::Exited if !should_restart(c, policy, latest.exit_code) => {
             (mk(Step::Keep, false), latest.exit_code == 0)
         }
         ContainerState::Exited => {
@@ -218,6 +243,31 @@ fn container_step(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn container_restart_rules_come_before_the_policies() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "c", "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+        }))
+        .unwrap();
+        assert!(should_restart(&c, "Never", 42), "a matching rule restarts");
+        assert!(
+            !should_restart(&c, "Always", 1),
+            "the container's Never wins over the pod's Always"
+        );
+        let plain: Container = serde_json::from_value(serde_json::json!({"name": "c"})).unwrap();
+        assert!(should_restart(&plain, "OnFailure", 1));
+        assert!(!should_restart(&plain, "OnFailure", 0));
+        let not_in: Container = serde_json::from_value(serde_json::json!({
+            "name": "c", "restartPolicy": "Never",
+            "restartPolicyRules": [{"action": "Restart", "exitCodes": {"operator": "NotIn", "values": [0]}}]
+        }))
+        .unwrap();
+        assert!(should_restart(&not_in, "Never", 3));
+        assert!(!should_restart(&not_in, "Never", 0));
+    }
+
     use super::*;
     use k8s_openapi::api::core::v1::PodSpec;
 

@@ -202,7 +202,7 @@ pub fn pod_status(
     }
     let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
     let init = InitProgress::of(&spec, &inits, policy);
-    let phase = phase(&regular, policy, &init);
+    let phase = phase(&spec.containers, &regular, policy, &init);
     let (host_ip, pod_ip) = (at.host_ip, at.pod_ip);
     // PodObservedGenerationTracking (GA, locked on in 1.37): the status and
     // each condition say which generation of the spec they describe.
@@ -275,9 +275,17 @@ impl InitProgress {
 }
 
 /// The pod phase from its regular containers, as upstream's `getPhase`.
-fn phase(regular: &[KStatus], policy: &str, init: &InitProgress) -> &'static str {
+fn phase(
+    specs: &[k8s_openapi::api::core::v1::Container],
+    regular: &[KStatus],
+    policy: &str,
+    init: &InitProgress,
+) -> &'static str {
     let (mut running, mut waiting, mut stopped, mut succeeded) = (0, 0, 0, 0);
-    for s in regular {
+    // A stopped container that starts again keeps the pod running (its
+    // own restart rules and policy, else the pod's).
+    let mut restarting = 0;
+    for (s, c) in regular.iter().zip(specs) {
         let st = s.state.clone().unwrap_or_default();
         if st.running.is_some() {
             running += 1;
@@ -286,12 +294,17 @@ fn phase(regular: &[KStatus], policy: &str, init: &InitProgress) -> &'static str
             if t.exit_code == 0 {
                 succeeded += 1;
             }
+            if super::plan::should_restart(c, policy, t.exit_code) {
+                restarting += 1;
+            }
         } else if s
             .last_state
             .as_ref()
             .is_some_and(|l| l.terminated.is_some())
         {
+            // Waiting out a back-off before its next start.
             stopped += 1;
+            restarting += 1;
         } else {
             waiting += 1;
         }
@@ -300,15 +313,12 @@ fn phase(regular: &[KStatus], policy: &str, init: &InitProgress) -> &'static str
         "Failed"
     } else if !init.pending.is_empty() || waiting > 0 {
         "Pending"
-    } else if running > 0 {
+    } else if running > 0 || restarting > 0 {
         "Running"
+    } else if stopped > 0 && stopped == succeeded {
+        "Succeeded"
     } else if stopped > 0 {
-        match policy {
-            "Always" => "Running",
-            _ if stopped == succeeded => "Succeeded",
-            "Never" => "Failed",
-            _ => "Running",
-        }
+        "Failed"
     } else {
         "Pending"
     }
