@@ -334,17 +334,23 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let (ns, name) = namespace_and_name(pod);
     let host_network = spec.host_network.unwrap_or(false);
+    let (short, domain) = host_and_domain(&spec, &ns, &name, node);
     let hostname = if host_network {
         node.node_name.clone()
+    } else if spec.set_hostname_as_fqdn == Some(true) && !domain.is_empty() {
+        format!("{short}.{domain}")
     } else {
-        spec.hostname
-            .clone()
-            .unwrap_or_else(|| name.chars().take(63).collect())
+        short.clone()
+    };
+    let hosts_name = if host_network {
+        hostname.clone()
+    } else {
+        short
     };
     SandboxConfig {
         pod_uid: pod_uid(pod),
         resolv_conf: resolv_conf(&spec, &ns, node),
-        hosts: hosts_file(&spec, &hostname, node),
+        hosts: hosts_file(&spec, &hosts_name, &domain, node),
         pod_name: name,
         namespace: ns,
         hostname,
@@ -421,12 +427,46 @@ fn resolv_conf(spec: &PodSpec, ns: &str, node: &NodeContext) -> String {
     resolv
 }
 
-/// The pod's `/etc/hosts`: localhost, its own name, its `hostAliases`.
-fn hosts_file(spec: &PodSpec, hostname: &str, node: &NodeContext) -> String {
+/// The pod's host name and domain, as upstream's
+/// `GeneratePodHostNameAndDomain`: `hostname` (else the pod's name, cut
+/// to 63), `<subdomain>.<ns>.svc.<cluster domain>` with a subdomain, and
+/// `hostnameOverride` (beta) replacing both, with no domain.
+fn host_and_domain(spec: &PodSpec, ns: &str, name: &str, node: &NodeContext) -> (String, String) {
+    if let Some(o) = spec.hostname_override.as_ref().filter(|o| !o.is_empty()) {
+        return (o.clone(), String::new());
+    }
+    let short = spec
+        .hostname
+        .clone()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| {
+            name.chars()
+                .take(63)
+                .collect::<String>()
+                .trim_end_matches(['-', '.'])
+                .to_string()
+        });
+    let domain = match spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
+        Some(sub) => format!("{sub}.{ns}.svc.{}", node.cluster_domain),
+        None => String::new(),
+    };
+    (short, domain)
+}
+
+/// The pod's `/etc/hosts`: localhost, its own name (with its FQDN when it
+/// has a domain), its `hostAliases`.
+fn hosts_file(spec: &PodSpec, hostname: &str, domain: &str, node: &NodeContext) -> String {
     let mut hosts = String::from(
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
     );
-    hosts.push_str(&format!("{}\t{hostname}\n", node.node_ip));
+    if domain.is_empty() {
+        hosts.push_str(&format!("{}\t{hostname}\n", node.node_ip));
+    } else {
+        hosts.push_str(&format!(
+            "{}\t{hostname}.{domain}\t{hostname}\n",
+            node.node_ip
+        ));
+    }
     for h in spec.host_aliases.iter().flatten() {
         hosts.push_str(&format!(
             "{}\t{}\n",
@@ -1417,5 +1457,24 @@ mod tests {
         assert!(s.hosts.contains("10.1.2.3\tdb") && s.hosts.contains("192.0.2.1\tweb"));
         assert_eq!(s.log_directory, "/var/log/pods/edge_web_u-1");
         assert_eq!(s.cgroup_parent, "kubepods/besteffort/podu-1");
+        // A subdomain gives the FQDN line; setHostnameAsFQDN the FQDN as
+        // the hostname; hostnameOverride replaces name and domain.
+        let sub = pod(&format!(
+            "{BASE}spec:\n  subdomain: db\n  setHostnameAsFQDN: true\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        let s = sandbox_config(&sub, &node);
+        assert_eq!(s.hostname, "web.db.edge.svc.cluster.local");
+        assert!(
+            s.hosts
+                .contains("192.0.2.1\tweb.db.edge.svc.cluster.local\tweb\n"),
+            "{}",
+            s.hosts
+        );
+        let over = pod(&format!(
+            "{BASE}spec:\n  hostname: h\n  subdomain: db\n  hostnameOverride: other\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        let s = sandbox_config(&over, &node);
+        assert_eq!(s.hostname, "other");
+        assert!(s.hosts.contains("192.0.2.1\tother\n"), "{}", s.hosts);
     }
 }
