@@ -168,9 +168,18 @@ impl Kubelet {
         node_ctx.services = client
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
-        let status = pods::StatusManager::new(status_dir.clone(), writer);
+        let status = pods::StatusManager::new(status_dir.clone(), writer)
+            .with_metrics(node_ctx.metrics.clone());
         if let Some(c) = &client {
-            self.start_server(s, host, status.view(), c.clone(), started.runtime.clone())?;
+            let metrics = node_ctx.metrics.clone();
+            self.start_server(
+                s,
+                host,
+                status.view(),
+                c.clone(),
+                started.runtime.clone(),
+                metrics,
+            )?;
         }
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
         let (cpu, memory) =
@@ -241,6 +250,7 @@ impl Kubelet {
         view: pods::StatusView,
         client: kube::Client,
         runtime: Arc<dyn Runtime>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         if cfg.port == 0 {
@@ -284,6 +294,7 @@ impl Kubelet {
             ),
             view,
             runtime,
+            metrics,
         });
         let listener = crate::server::bind(addr)?;
         info!(%addr, "serving the kubelet API");
@@ -470,6 +481,7 @@ fn node_context(
         clock: pods::plan::Clock::System,
         started: Some(tokio::time::Instant::now()),
         services: None,
+        metrics: Arc::new(crate::metrics::Metrics::new(&s.node_name)),
         volume_sources: client.clone().map(|c| {
             Arc::new(pods::volumes::Sources {
                 objects: pods::objects::ObjectCache::new(c.clone()),

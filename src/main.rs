@@ -13,6 +13,7 @@ mod fsutil;
 mod health;
 mod images;
 mod kubelet;
+mod metrics;
 mod node;
 mod pods;
 mod server;

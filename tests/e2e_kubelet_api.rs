@@ -608,7 +608,8 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name},
         "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script]}]}
+                 "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script],
+                                 "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1}}]}
     }))
     .unwrap();
     pods.create(&PostParams::default(), &p).await.unwrap();
@@ -664,6 +665,25 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         "{metrics}"
     );
     assert!(metrics.contains("resource_scrape_error 0"), "{metrics}");
+
+    // kinglet's own metrics, upstream's names.
+    let own = node_get(&k, "/metrics");
+    let value = |prefix: &str| -> f64 {
+        own.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in\n{own}"))
+    };
+    assert_eq!(value(&format!("kubelet_node_name{{node=\"{node}\"}}")), 1.0);
+    assert!(value("kubelet_running_pods ") >= 1.0);
+    assert!(value("kubelet_running_containers{container_state=\"running\"}") >= 1.0);
+    assert!(value("kubelet_pod_start_duration_seconds_count") >= 1.0);
+    assert!(value("kubelet_pleg_relist_duration_seconds_count") >= 1.0);
+    let probes = format!(
+        "prober_probe_total{{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"{name}\""
+    );
+    assert!(value(&probes) >= 1.0);
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -42,6 +42,8 @@ pub struct NodeContext {
     pub volume_sources: Option<std::sync::Arc<super::volumes::Sources>>,
     /// The cluster's Services, for service environment variables.
     pub services: Option<std::sync::Arc<super::services::Services>>,
+    /// kinglet's Prometheus metrics (probes, pod starts, relists).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// The two kinds of object a container's environment may read.

@@ -143,7 +143,10 @@ impl PodManager {
     }
 
     async fn relist(&mut self) {
-        match self.pleg.relist().await {
+        let t = std::time::Instant::now();
+        let r = self.pleg.relist().await;
+        self.node.metrics.relisted(t.elapsed());
+        match r {
             Ok(changed) => {
                 for uid in changed {
                     self.workers.wake(&uid);

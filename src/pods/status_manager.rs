@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -110,9 +111,18 @@ pub struct StatusManager {
     latest: HashMap<String, Arc<PodStatus>>,
     view: StatusView,
     api: Option<ApiWriter>,
+    /// Where a pod's first start to Running is observed
+    /// (`kubelet_pod_start_duration_seconds`).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl StatusManager {
+    /// Observes pod start durations into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     pub fn new(dir: PathBuf, api: Option<ApiWriter>) -> Self {
         if let Err(e) = std::fs::create_dir_all(&dir) {
             warn!(dir = %dir.display(), error = %e, "cannot create the pod status dir");
@@ -122,6 +132,7 @@ impl StatusManager {
             latest: HashMap::new(),
             view: StatusView::default(),
             api,
+            metrics: None,
         }
     }
 
@@ -150,6 +161,14 @@ impl StatusManager {
         let prev = self.latest.get(uid).map(|s| &**s);
         if prev.is_some_and(|p| same(p, &status)) {
             return;
+        }
+        let running = |s: &PodStatus| s.phase.as_deref() == Some("Running");
+        if running(&status)
+            && !prev.is_some_and(running)
+            && let (Some(m), Some(start)) = (&self.metrics, &status.start_time)
+        {
+            let since = jiff::Timestamp::now().duration_since(start.0);
+            m.pod_started(Duration::try_from(since).unwrap_or_default());
         }
         // The API keeps whole seconds; so do the records a restart reads.
         let now =

@@ -165,6 +165,7 @@ impl Worker {
             self.rep.clone(),
             wake.clone(),
             self.node.started,
+            self.node.metrics.clone(),
         ));
         self.updates = Some(updates.clone());
         self.volumes = Some(Volumes::new(self.node.clone(), wake.clone()));

@@ -48,6 +48,8 @@ pub struct State {
     pub runtime: Arc<dyn kinglet_runtime::Runtime>,
     /// `/stats/summary` and `/metrics/resource`.
     pub stats: stats::Sampler,
+    /// `/metrics`.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Errors setting the server up.
@@ -293,6 +295,15 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
             let snap = state.stats.snapshot().await;
             json(Bytes::from(state.stats.summary(&snap).to_string()))
         }
+        ["metrics"] => {
+            metrics_gauges(state).await;
+            let body = Full::new(Bytes::from(state.metrics.encode())).boxed();
+            respond(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            )
+        }
         ["metrics", "resource"] => {
             let snap = state.stats.snapshot().await;
             let body = Full::new(Bytes::from(stats::resource_metrics(&snap))).boxed();
@@ -334,6 +345,31 @@ impl Target<'_> {
                     && self.uid.is_none_or(|u| u == id)
             })
             .ok_or_else(|| (StatusCode::NOT_FOUND, "pod does not exist".to_string()))
+    }
+}
+
+/// The gauges `/metrics` reads at scrape time from the runtime.
+async fn metrics_gauges(state: &State) {
+    use kinglet_runtime::ContainerState;
+    let m = &state.metrics;
+    if let Ok(boxes) = state.runtime.list_pod_sandboxes().await {
+        m.running_pods
+            .set(boxes.iter().filter(|b| b.ready).count() as i64);
+    }
+    if let Ok(cs) = state.runtime.list_containers().await {
+        for (label, st) in [
+            ("created", ContainerState::Created),
+            ("running", ContainerState::Running),
+            ("exited", ContainerState::Exited),
+            ("unknown", ContainerState::Unknown),
+        ] {
+            let n = cs.iter().filter(|c| c.state == st).count() as i64;
+            m.running_containers
+                .get_or_create(&crate::metrics::StateLabels {
+                    container_state: label.into(),
+                })
+                .set(n);
+        }
     }
 }
 

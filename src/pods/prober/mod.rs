@@ -204,6 +204,7 @@ struct Ctx {
     /// When the agent started: the first probe is jittered only within a
     /// period of it, as upstream spreads probes after a restart.
     agent_start: Option<Instant>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The probe tasks of one pod.
@@ -218,6 +219,7 @@ impl Prober {
         rep: Reporter,
         wake: Arc<Notify>,
         agent_start: Option<Instant>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
         Prober {
             ctx: Ctx {
@@ -225,6 +227,7 @@ impl Prober {
                 rep,
                 results: Arc::new(Results::new(wake)),
                 agent_start,
+                metrics,
             },
             tasks: HashMap::new(),
         }
@@ -402,6 +405,19 @@ impl Task {
             }
         }
         let kind = self.kind.as_str();
+        let result = match &out {
+            Ok((Verdict::Success | Verdict::Warning, _)) => "successful",
+            Ok((Verdict::Failure, _)) => "failed",
+            Err(_) => "unknown",
+        };
+        let probe_type = match self.kind {
+            Kind::Liveness => "Liveness",
+            Kind::Readiness => "Readiness",
+            Kind::Startup => "Startup",
+        };
+        self.ctx
+            .metrics
+            .probe(probe_type, result, &self.t.container.name, &self.t.pod);
         let (type_, msg, ok) = match out {
             Ok((Verdict::Success, _)) => return true,
             Ok((Verdict::Warning, o)) => ("Warning", format!("{kind} probe warning: {o}"), true),
@@ -605,7 +621,13 @@ mod tests {
             ..Default::default()
         };
         let start = Instant::now() - Duration::from_secs(60);
-        let mut p = Prober::new(fake.clone(), rep, wake.clone(), Some(start));
+        let mut p = Prober::new(
+            fake.clone(),
+            rep,
+            wake.clone(),
+            Some(start),
+            Default::default(),
+        );
         let ready = container(probe.clone(), Kind::Readiness, "r");
         let live = container(probe, Kind::Liveness, "l");
         fake.set_exec_exit("c1", 0);

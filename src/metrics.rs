@@ -1,0 +1,189 @@
+//! kinglet's own Prometheus metrics, under upstream kubelet names where
+//! they exist: counters and histograms the pod parts update as things
+//! happen (probes, pod starts, PLEG relists), and gauges read at scrape
+//! time (running pods and containers). Served on the kubelet API's
+//! `/metrics` as OpenMetrics text.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub probe_type: String,
+    pub result: String,
+    pub container: String,
+    pub pod: String,
+    pub namespace: String,
+    pub pod_uid: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub container_state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+/// The registry and the metrics in it.
+pub struct Metrics {
+    registry: Registry,
+    pub probes: Family<ProbeLabels, Counter>,
+    pub pod_start: Histogram,
+    pub pleg_relist: Histogram,
+    pub running_pods: Gauge,
+    pub running_containers: Family<StateLabels, Gauge>,
+    node_name: Family<NodeLabels, Gauge>,
+    /// Encoding takes the registry by reference; scrapes are serialized.
+    encode: Mutex<()>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new("")
+    }
+}
+
+impl Metrics {
+    pub fn new(node: &str) -> Self {
+        let mut registry = Registry::default();
+        let probes = Family::<ProbeLabels, Counter>::default();
+        // Upstream's buckets: pod start in seconds up to 20 minutes, PLEG
+        // relists from 5 ms.
+        let pod_start = Histogram::new([
+            0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 20.0, 30.0, 45.0, 60.0, 120.0, 180.0,
+            240.0, 300.0, 360.0, 480.0, 600.0, 900.0, 1200.0,
+        ]);
+        let pleg_relist = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]);
+        let running_pods = Gauge::default();
+        let running_containers = Family::<StateLabels, Gauge>::default();
+        let node_name = Family::<NodeLabels, Gauge>::default();
+        node_name
+            .get_or_create(&NodeLabels { node: node.into() })
+            .set(1);
+        registry.register(
+            "prober_probe",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result",
+            probes.clone(),
+        );
+        registry.register(
+            "kubelet_pod_start_duration_seconds",
+            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
+            pod_start.clone(),
+        );
+        registry.register(
+            "kubelet_pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG",
+            pleg_relist.clone(),
+        );
+        registry.register(
+            "kubelet_running_pods",
+            "Number of pods that have a running pod sandbox",
+            running_pods.clone(),
+        );
+        registry.register(
+            "kubelet_running_containers",
+            "Number of containers currently running",
+            running_containers.clone(),
+        );
+        registry.register(
+            "kubelet_node_name",
+            "The node's name. The count is always 1",
+            node_name.clone(),
+        );
+        Metrics {
+            registry,
+            probes,
+            pod_start,
+            pleg_relist,
+            running_pods,
+            running_containers,
+            node_name,
+            encode: Mutex::new(()),
+        }
+    }
+
+    /// One probe run: `result` is upstream's `successful`, `failed` or
+    /// `unknown`.
+    pub fn probe(
+        &self,
+        kind: &str,
+        result: &str,
+        container: &str,
+        pod: &k8s_openapi::api::core::v1::Pod,
+    ) {
+        let m = &pod.metadata;
+        self.probes
+            .get_or_create(&ProbeLabels {
+                probe_type: kind.into(),
+                result: result.into(),
+                container: container.into(),
+                pod: m.name.clone().unwrap_or_default(),
+                namespace: m.namespace.clone().unwrap_or_default(),
+                pod_uid: m.uid.clone().unwrap_or_default(),
+            })
+            .inc();
+    }
+
+    pub fn pod_started(&self, after: Duration) {
+        self.pod_start.observe(after.as_secs_f64());
+    }
+
+    pub fn relisted(&self, took: Duration) {
+        self.pleg_relist.observe(took.as_secs_f64());
+    }
+
+    /// The registry as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let _g = self.encode.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = &self.node_name;
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_names_in_the_text() {
+        let m = Metrics::new("pi");
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}),
+        )
+        .unwrap();
+        m.probe("Readiness", "successful", "c", &pod);
+        m.pod_started(Duration::from_millis(1500));
+        m.relisted(Duration::from_millis(3));
+        m.running_pods.set(2);
+        let text = m.encode();
+        for want in [
+            "prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"p\",namespace=\"ns\",pod_uid=\"u\"} 1",
+            "kubelet_pod_start_duration_seconds_count 1",
+            "kubelet_pleg_relist_duration_seconds_bucket{le=\"0.005\"} 1",
+            "kubelet_running_pods 2",
+            "kubelet_node_name{node=\"pi\"} 1",
+        ] {
+            assert!(text.contains(want), "{want} missing from\n{text}");
+        }
+    }
+}
