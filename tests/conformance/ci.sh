@@ -12,6 +12,7 @@ focus=$(grep -v '^\s*#' tests/conformance/ci-specs.txt | grep -v '^\s*$' | paste
 export KINGLET_CLUSTER_DIR=/tmp/kinglet-conformance-ci
 export KINGLET_ETCD_PORT=14379 KINGLET_ETCD_PEER_PORT=14380 KINGLET_APISERVER_PORT=18443
 export KINGLET_KCM_PORT=22257 KINGLET_SCHEDULER_PORT=22259
+export KINGLET_CONFORMANCE_BRIDGE=kcfci0 KINGLET_CONFORMANCE_SUBNET=10.244.78.0/24
 export KINGLET_BIN=${KINGLET_BIN:-target/debug/kinglet}
 export KINGLET_CONFORMANCE_OUT=target/conformance-ci
 tests/conformance/run.sh --focus "$focus" --timeout 12m

@@ -43,13 +43,17 @@ if [ -z "$kinglet" ]; then
 fi
 
 work=$(mktemp -d /tmp/kinglet-conformance.XXXXXX)
+# The pods' bridge and /24, per run: two runs at once (CI's subset beside
+# a full run) must not share a bridge, nor remove each other's.
+bridge=${KINGLET_CONFORMANCE_BRIDGE:-kcf0}
+subnet=${KINGLET_CONFORMANCE_SUBNET:-10.244.77.0/24}
 reg_pid="" agent_pid=""
 cleanup() {
   set +e
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   release_oci_root "$work/root"
   [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
-  for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep '^kcf' ); do ip link del "$l"; done
+  ip link del "$bridge" 2>/dev/null
   rm -rf "$work"
   tests/cluster/down.sh >/dev/null 2>&1
 }
@@ -89,8 +93,8 @@ mkdir -p "$work/net.d" "$work/logs"
 # A private bridge and /24 for the pods (never the host's /etc/cni).
 cat > "$work/net.d/10-kinglet.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "kinglet-conformance", "plugins": [
-  {"type": "bridge", "bridge": "kcf0", "isGateway": true, "ipMasq": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.77.0/24"}]], "dataDir": "$work/ipam"}},
+  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
 printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
