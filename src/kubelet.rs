@@ -435,6 +435,9 @@ async fn api_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
     let Some(path) = &s.kubeconfig else {
         return Ok(None);
     };
+    if let Some(bootstrap) = &s.bootstrap_kubeconfig {
+        node::bootstrap::ensure(path, bootstrap, &s.root_dir.join("pki"), &s.node_name).await?;
+    }
     let kubeconfig = kube::config::Kubeconfig::read_from(path)
         .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
     let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())

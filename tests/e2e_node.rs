@@ -308,3 +308,141 @@ fn version_names_kinglet_and_kubernetes() {
         "{v}"
     );
 }
+
+/// TLS bootstrap with a bootstrap token, as kubeadm sets a node up: the
+/// token's group may create CSRs and have node-client CSRs approved; the
+/// real controller-manager approves and signs; the node writes its
+/// certificate and kubeconfig, registers as `system:node:<name>` (the
+/// Node authorizer and NodeRestriction accept it) and becomes Ready. A
+/// restart uses the written certificate without a new request.
+#[tokio::test]
+async fn tls_bootstrap_from_a_bootstrap_token_to_ready() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    use kube::api::PostParams;
+    let admin = admin().await;
+    let name = unique_name("kl-boot");
+    let id: String = format!("{:06x}", std::process::id() & 0xff_ffff);
+    let secret = "0123456789abcdef";
+    let tok: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+        "type": "bootstrap.kubernetes.io/token",
+        "stringData": {"token-id": id, "token-secret": secret,
+                       "usage-bootstrap-authentication": "true"}
+    }))
+    .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "kube-system");
+    let _ = secrets.create(&PostParams::default(), &tok).await;
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    for (n, role, group) in [
+        (
+            "kinglet-test:bootstrappers-create-csrs",
+            "system:node-bootstrapper",
+            "system:bootstrappers",
+        ),
+        (
+            "kinglet-test:bootstrappers-auto-approve",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            "system:bootstrappers",
+        ),
+        (
+            "kinglet-test:nodes-auto-renew",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "system:nodes",
+        ),
+    ] {
+        let b: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": n},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}]
+        }))
+        .unwrap();
+        let _ = bindings.create(&PostParams::default(), &b).await;
+    }
+    let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
+    let boot = k.dir.path().join("bootstrap.kubeconfig");
+    let kubeconfig = k.dir.path().join("written/kubelet.kubeconfig");
+    std::fs::write(
+        &boot,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{}', certificate-authority: '{}'}}}}]\nusers: [{{name: u, user: {{token: '{id}.{secret}'}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
+            cluster_port(),
+            cluster_dir().join("pki/ca.crt").display()
+        ),
+    )
+    .unwrap();
+    k.kubeconfig_override = Some(kubeconfig.clone());
+    k.extra_args.extend([
+        "--bootstrap-kubeconfig".to_string(),
+        boot.display().to_string(),
+    ]);
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(60)).await;
+    // What upstream writes: the dated pem and the current symlink to it.
+    let pki = k.dir.path().join("root/pki");
+    let current = pki.join("kubelet-client-current.pem");
+    let target = std::fs::read_link(&current).unwrap();
+    assert!(
+        target
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("kubelet-client-2"),
+        "{target:?}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let written = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(written.contains("kubelet-client-current.pem"), "{written}");
+    // The CSR was the node's, approved by the controller-manager.
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let mine: Vec<_> = csrs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:bootstrap:{id}")))
+        .collect();
+    assert!(!mine.is_empty(), "no CSR from the bootstrap token");
+    let approved = mine.iter().any(|c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|x| x.type_ == "Approved" && x.status == "True")
+            })
+    });
+    assert!(approved, "{mine:?}");
+    // A restart uses the certificate it has: no second request.
+    let before = mine.len();
+    k.terminate(Duration::from_secs(5));
+    k.spawn();
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    assert_eq!(std::fs::read_link(&current).unwrap(), target);
+    let after = csrs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:bootstrap:{id}")))
+        .count();
+    assert_eq!(after, before, "a restart requested another certificate");
+    let _ = secrets
+        .delete(&format!("bootstrap-token-{id}"), &Default::default())
+        .await;
+    for n in [
+        "kinglet-test:bootstrappers-create-csrs",
+        "kinglet-test:bootstrappers-auto-approve",
+        "kinglet-test:nodes-auto-renew",
+    ] {
+        let _ = bindings.delete(n, &Default::default()).await;
+    }
+}

@@ -117,6 +117,12 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
 
+    /// A kubeconfig with a bootstrap token: when --kubeconfig is missing
+    /// or its client certificate has expired, a client certificate is
+    /// requested with it (TLS bootstrap) and --kubeconfig written.
+    #[arg(long, value_name = "FILE", requires = "kubeconfig")]
+    pub bootstrap_kubeconfig: Option<PathBuf>,
+
     /// Node name instead of the hostname.
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
@@ -206,6 +212,7 @@ pub struct Flags {
 pub struct Settings {
     pub config: KubeletConfiguration,
     pub kubeconfig: Option<PathBuf>,
+    pub bootstrap_kubeconfig: Option<PathBuf>,
     pub node_name: String,
     pub node_ip: Option<std::net::IpAddr>,
     pub node_labels: BTreeMap<String, String>,
@@ -288,6 +295,7 @@ impl Flags {
         Ok(Settings {
             config,
             kubeconfig: self.kubeconfig.clone(),
+            bootstrap_kubeconfig: self.bootstrap_kubeconfig.clone(),
             node_name,
             node_ip: self.node_ip,
             node_labels,

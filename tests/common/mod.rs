@@ -181,6 +181,12 @@ impl Kinglet {
         Self::start_with(name, extra_config, true, &[])
     }
 
+    /// A joined node not started yet: set `kubeconfig_override` and
+    /// `extra_args`, then `spawn`.
+    pub fn unstarted(name: &str, extra_config: &str) -> Self {
+        Self::new_inner(name, extra_config, true, &[])
+    }
+
     /// Starts kinglet without an API server.
     pub fn standalone(name: &str, extra_config: &str, extra_args: &[&str]) -> Self {
         Self::start_with(name, extra_config, false, extra_args)
