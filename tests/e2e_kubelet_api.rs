@@ -684,6 +684,38 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         "prober_probe_total{{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"{name}\""
     );
     assert!(value(&probes) >= 1.0);
+    let probe_page = node_get(&k, "/metrics/probes");
+    assert!(
+        probe_page.contains(&probes) && !probe_page.contains("kubelet_running_pods"),
+        "{probe_page}"
+    );
+
+    // The debugging pages, in upstream's text shape.
+    let statusz = node_get(&k, "/statusz");
+    assert!(
+        statusz.starts_with("\nkubelet statusz\nWarning:"),
+        "{statusz}"
+    );
+    assert!(statusz.contains("/stats/summary"), "{statusz}");
+    let flagz = node_get(&k, "/flagz");
+    assert!(
+        flagz.contains("hostname-override") && flagz.contains(&node),
+        "{flagz}"
+    );
+    // /run: a command to its end, its output whole.
+    let pki = cluster_dir().join("pki");
+    let run = Command::new("curl")
+        .args(["-sfk", "-X", "POST", "--cert"])
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!(
+            "https://127.0.0.1:{}/run/default/{name}/c?cmd=echo%20ran%20here",
+            k.api_port
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "ran here\n");
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

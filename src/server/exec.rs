@@ -445,6 +445,41 @@ pub async fn handle(
     ws::switching(&key, protocol.name)
 }
 
+/// `/run`: `cmd` (split at spaces, as upstream) run to its end; stdout
+/// then stderr as the body (with upstream's JSON content type, though the
+/// body is the raw output).
+pub async fn run(
+    state: &State,
+    target: Target<'_>,
+    container: &str,
+    query: &str,
+) -> Response<Body> {
+    let cmd: Vec<String> = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "cmd")
+        .map(|(_, v)| v.split(' ').map(str::to_string).collect())
+        .unwrap_or_default();
+    if cmd.iter().all(|c| c.is_empty()) {
+        return text(StatusCode::BAD_REQUEST, "you must specify a command");
+    }
+    let id = match running_container(state, &target, container) {
+        Ok(id) => id,
+        Err((code, msg)) => return text(code, msg),
+    };
+    // Bounded, unlike upstream's: a command that never ends must not hold
+    // a connection and a process forever.
+    let timeout = std::time::Duration::from_secs(300);
+    match state.runtime.exec_sync(&id, &cmd, timeout).await {
+        Ok(r) => {
+            use http_body_util::BodyExt;
+            let mut out = r.stdout;
+            out.extend_from_slice(&r.stderr);
+            let body = http_body_util::Full::new(Bytes::from(out)).boxed();
+            super::respond(StatusCode::OK, "application/json", body)
+        }
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@ pub mod logs;
 pub mod portforward;
 pub mod stats;
 pub mod ws;
+pub mod zpages;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -277,6 +278,14 @@ async fn handle(
             };
             exec::handle(state, req, kind, target(ns, pod, uid), c, &query).await
         }
+        ["run", ns, pod, rest @ ..] => {
+            let (uid, c) = match rest {
+                [c] => (None, *c),
+                [uid, c] => (Some(*uid), *c),
+                _ => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+            };
+            exec::run(state, target(ns, pod, uid), c, &query).await
+        }
         ["portForward", ns, pod] => portforward::handle(state, req, target(ns, pod, None)).await,
         ["portForward", ns, pod, uid] => {
             portforward::handle(state, req, target(ns, pod, Some(uid))).await
@@ -284,6 +293,24 @@ async fn handle(
         _ => route(state, &path, &query).await,
     }
 }
+
+/// What `/statusz` lists.
+const PATHS: &[&str] = &[
+    "/attach",
+    "/configz",
+    "/containerLogs",
+    "/exec",
+    "/flagz",
+    "/healthz",
+    "/metrics",
+    "/metrics/probes",
+    "/metrics/resource",
+    "/pods",
+    "/portForward",
+    "/run",
+    "/stats/summary",
+    "/statusz",
+];
 
 async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -294,6 +321,26 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
         ["stats", "summary"] | ["stats", "summary", ""] => {
             let snap = state.stats.snapshot().await;
             json(Bytes::from(state.stats.summary(&snap).to_string()))
+        }
+        ["statusz"] => text(StatusCode::OK, zpages::statusz(state.stats.started, PATHS)),
+        ["flagz"] => {
+            let args: Vec<String> = std::env::args().collect();
+            text(StatusCode::OK, zpages::flagz(&args))
+        }
+        ["metrics", "probes"] => {
+            // The prober's family alone, as upstream's /metrics/probes.
+            let all = state.metrics.encode();
+            let probes: String = all
+                .lines()
+                .filter(|l| l.contains("prober_probe") || *l == "# EOF")
+                .flat_map(|l| [l, "\n"])
+                .collect();
+            let body = Full::new(Bytes::from(probes)).boxed();
+            respond(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            )
         }
         ["metrics"] => {
             metrics_gauges(state).await;
