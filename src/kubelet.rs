@@ -252,10 +252,8 @@ impl Kubelet {
         runtime: Arc<dyn Runtime>,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> anyhow::Result<()> {
+        // (`port` is validated 1–65535, as upstream: the API is always on.)
         let cfg = &s.config;
-        if cfg.port == 0 {
-            return Ok(());
-        }
         let ip: std::net::IpAddr = cfg.address.parse().context("address")?;
         let addr = SocketAddr::new(ip, cfg.port as u16);
         let nonempty = |p: &str| (!p.is_empty()).then(|| std::path::PathBuf::from(p));
@@ -360,11 +358,7 @@ impl Kubelet {
                 // The kubelet API streams exec and attach over WebSockets
                 // itself (crate::server::exec): the apiserver proxies them
                 // as they are instead of translating them to SPDY.
-                declared_features: if cfg.port != 0 {
-                    vec!["ExtendWebSocketsToKubelet".into()]
-                } else {
-                    vec![]
-                },
+                declared_features: vec!["ExtendWebSocketsToKubelet".into()],
                 addresses: facts.addresses,
                 thresholds: cfg.eviction_thresholds()?,
                 reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
