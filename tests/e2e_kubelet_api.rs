@@ -214,13 +214,71 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
         .token
         .unwrap();
     let bearer = format!("Authorization: Bearer {token}");
-    for path in ["/pods", "/healthz", "/containerLogs/default/x/c"] {
+    for path in [
+        "/pods",
+        "/healthz",
+        "/containerLogs/default/x/c",
+        "/stats/summary",
+        "/metrics",
+        "/exec/default/x/c?command=true&stdout=1",
+        "/portForward/default/x",
+    ] {
         assert_eq!(curl(&["-H", &bearer, &url(path)]), "403", "{path}");
     }
     assert_eq!(
         curl(&["-H", "Authorization: Bearer not-a-token", &url("/pods")]),
         "401"
     );
+    // Granted `nodes/stats` only (what a monitoring agent gets): stats
+    // answer, exec and the rest stay refused. SubjectAccessReview answers
+    // are cached (denials 30 s), so this is a second account.
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let stats_sa = format!("{node}-stats");
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": stats_sa}})).unwrap();
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": stats_sa},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}]
+    }))
+    .unwrap();
+    let roles: Api<ClusterRole> = Api::all(admin.clone());
+    roles.create(&PostParams::default(), &role).await.unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": stats_sa},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": stats_sa},
+        "subjects": [{"kind": "ServiceAccount", "name": stats_sa, "namespace": "default"}]
+    }))
+    .unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let token = sas
+        .create_token_request(&stats_sa, &PostParams::default(), &tr)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .unwrap();
+    let bearer = format!("Authorization: Bearer {token}");
+    // RBAC reaches the authorizer's cache within a moment.
+    wait_for("nodes/stats allowed", Duration::from_secs(60), || async {
+        (curl(&["-H", &bearer, &url("/stats/summary")]) == "200").then_some(())
+    })
+    .await;
+    for path in [
+        "/exec/default/x/c?command=true&stdout=1",
+        "/pods",
+        "/metrics",
+    ] {
+        assert_eq!(curl(&["-H", &bearer, &url(path)]), "403", "{path}");
+    }
+    let _ = bindings.delete(&stats_sa, &DeleteParams::default()).await;
+    let _ = roles.delete(&stats_sa, &DeleteParams::default()).await;
+    let _ = sas.delete(&stats_sa, &DeleteParams::default()).await;
     let _ = sas.delete(&sa_name, &DeleteParams::default()).await;
 }
 
