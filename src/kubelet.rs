@@ -266,6 +266,8 @@ impl Kubelet {
             pki_dir: s.root_dir.join("pki"),
             names,
             client_ca: nonempty(&cfg.authentication.x509.client_ca_file),
+            cipher_suites: cfg.tls_cipher_suites.clone(),
+            min_version: cfg.tls_min_version.clone(),
         };
         // Once, at start: reading (or making) the certificate is quick.
         let tls = crate::server::tls_config(&files)?;

@@ -62,6 +62,51 @@ pub const DEFAULT_EVICTION_HARD: &[(&str, &str)] = &[
     ("imagefs.inodesFree", "5%"),
 ];
 
+/// The TLS 1.2 suites kinglet can serve: upstream's (Go's) name, and
+/// rustls's name of the same suite (Go's `_SHA256`-less ChaCha names are
+/// aliases).
+pub const TLS12_SUITES: &[(&str, &str)] = &[
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+    ),
+];
+
+/// TLS 1.3 suites (always on, as in Go; listing them is allowed).
+pub const TLS13_SUITES: &[&str] = &[
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+];
+
 /// A `KubeletConfiguration`, with the fields kinglet implements. Field names,
 /// value syntax and defaults are upstream's.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -77,6 +122,11 @@ pub struct KubeletConfiguration {
     pub read_only_port: i32,
     pub tls_cert_file: String,
     pub tls_private_key_file: String,
+    /// TLS 1.2 suites the API serves (upstream's Go names); TLS 1.3's are
+    /// always on, as in Go. Empty: every suite kinglet has.
+    pub tls_cipher_suites: Vec<String>,
+    /// `VersionTLS12` (and empty) or `VersionTLS13`.
+    pub tls_min_version: String,
     pub rotate_certificates: bool,
     pub server_tls_bootstrap: bool,
     pub authentication: Authentication,
@@ -131,6 +181,8 @@ impl Default for KubeletConfiguration {
             read_only_port: 0,
             tls_cert_file: String::new(),
             tls_private_key_file: String::new(),
+            tls_cipher_suites: Vec::new(),
+            tls_min_version: String::new(),
             rotate_certificates: false,
             server_tls_bootstrap: false,
             authentication: Authentication::default(),
@@ -555,6 +607,33 @@ impl KubeletConfiguration {
                 return Err(field_err(field, "must be greater than 0"));
             }
         }
+        for (i, s) in self.tls_cipher_suites.iter().enumerate() {
+            if !TLS12_SUITES.iter().any(|(n, _)| n == s) && !TLS13_SUITES.contains(&s.as_str()) {
+                return Err(field_err(
+                    &format!("tlsCipherSuites[{i}]"),
+                    format!(
+                        "{s:?} is not supported: kinglet serves only AEAD suites with forward secrecy ({})",
+                        TLS12_SUITES
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+        if !matches!(
+            self.tls_min_version.as_str(),
+            "" | "VersionTLS12" | "VersionTLS13"
+        ) {
+            return Err(field_err(
+                "tlsMinVersion",
+                format!(
+                    "{:?} is not supported: VersionTLS12 or VersionTLS13",
+                    self.tls_min_version
+                ),
+            ));
+        }
         if self.streaming_connection_idle_timeout.0.is_zero() {
             return Err(field_err(
                 "streamingConnectionIdleTimeout",
@@ -876,5 +955,49 @@ healthzPort: 10249
         for bad in ["novalue", "a=b:Never", "=b:NoSchedule", "a b=c:NoSchedule"] {
             assert!(Taint::parse(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// CIS Kubernetes benchmark, worker node, kubelet (4.2.x), on the
+    /// config kinglet ships (`packaging/config.yaml`), read by the real
+    /// parser. (4.1.x, the files' modes, is e2e_packaging's.)
+    #[test]
+    fn the_shipped_config_meets_the_cis_kubelet_items() {
+        let text = include_str!("../../packaging/config.yaml");
+        let mut w = Vec::new();
+        let cfg = parse(text, "packaging/config.yaml", &mut |m| w.push(m)).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert!(
+            !cfg.authentication.anonymous.enabled,
+            "4.2.1 anonymous auth off"
+        );
+        assert_ne!(cfg.authorization.mode, "AlwaysAllow", "4.2.2 authorization");
+        assert!(
+            !cfg.authentication.x509.client_ca_file.is_empty(),
+            "4.2.3 clientCAFile"
+        );
+        assert_eq!(cfg.read_only_port, 0, "4.2.4 readOnlyPort");
+        assert!(
+            !cfg.streaming_connection_idle_timeout.0.is_zero(),
+            "4.2.5 streaming idle timeout"
+        );
+        assert!(cfg.rotate_certificates, "4.2.11 certificate rotation");
+        assert!(
+            !cfg.tls_cipher_suites.is_empty(),
+            "4.2.12 cipher suites set"
+        );
+        for s in &cfg.tls_cipher_suites {
+            assert!(
+                s.contains("_GCM_") || s.contains("CHACHA20"),
+                "4.2.12 {s} strong"
+            );
+            assert!(s.starts_with("TLS_ECDHE_"), "4.2.12 {s} forward secrecy");
+        }
+        assert!(cfg.pod_pids_limit > 0, "4.2.13 podPidsLimit");
+        // And a weak suite is refused outright, naming the field.
+        let weak = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ntlsCipherSuites: [TLS_RSA_WITH_AES_128_CBC_SHA]\n";
+        let e = parse(weak, "weak.yaml", &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tlsCipherSuites[0]"), "{e}");
     }
 }

@@ -76,6 +76,10 @@ pub struct TlsFiles {
     pub pki_dir: PathBuf,
     pub names: Vec<String>,
     pub client_ca: Option<PathBuf>,
+    /// `tlsCipherSuites` (TLS 1.2 ones restrict; empty: all of kinglet's).
+    pub cipher_suites: Vec<String>,
+    /// `tlsMinVersion`: `VersionTLS13` drops TLS 1.2.
+    pub min_version: String,
 }
 
 fn cert_err(path: &Path, e: impl std::fmt::Display) -> ServerError {
@@ -136,9 +140,26 @@ pub fn tls_config(t: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ServerError
         .collect::<Result<_, _>>()
         .map_err(|e| cert_err(&crt, e))?;
     let key_der = PrivateKeyDer::from_pem_file(&key).map_err(|e| cert_err(&key, e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !t.cipher_suites.is_empty() {
+        let wanted: Vec<&str> = crate::config::TLS12_SUITES
+            .iter()
+            .filter(|(go, _)| t.cipher_suites.iter().any(|s| s == go))
+            .map(|(_, rustls_name)| *rustls_name)
+            .collect();
+        provider.cipher_suites.retain(|cs| {
+            let name = format!("{:?}", cs.suite());
+            name.starts_with("TLS13_") || wanted.contains(&name.as_str())
+        });
+    }
+    let provider = Arc::new(provider);
+    let versions: &[&rustls::SupportedProtocolVersion] = if t.min_version == "VersionTLS13" {
+        &[&rustls::version::TLS13]
+    } else {
+        rustls::DEFAULT_VERSIONS
+    };
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|e| cert_err(&crt, e))?;
     let builder = match &t.client_ca {
         Some(ca) => {
