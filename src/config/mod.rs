@@ -610,7 +610,7 @@ impl KubeletConfiguration {
         for (i, s) in self.tls_cipher_suites.iter().enumerate() {
             if !TLS12_SUITES.iter().any(|(n, _)| n == s) && !TLS13_SUITES.contains(&s.as_str()) {
                 return Err(field_err(
-                    &format!("tlsCipherSuites[{i}]"),
+                    format!("tlsCipherSuites[{i}]"),
                     format!(
                         "{s:?} is not supported: kinglet serves only AEAD suites with forward secrecy ({})",
                         TLS12_SUITES
