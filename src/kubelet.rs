@@ -481,6 +481,7 @@ fn node_context(
         started: Some(tokio::time::Instant::now()),
         services: None,
         metrics: Arc::new(crate::metrics::Metrics::new(&s.node_name)),
+        etc_hosts: "/etc/hosts".into(),
         volume_sources: client.clone().map(|c| {
             Arc::new(pods::volumes::Sources {
                 objects: pods::objects::ObjectCache::new(c.clone()),

@@ -42,6 +42,8 @@ pub struct NodeContext {
     pub volume_sources: Option<std::sync::Arc<super::volumes::Sources>>,
     /// The cluster's Services, for service environment variables.
     pub services: Option<std::sync::Arc<super::services::Services>>,
+    /// The node's hosts file, which hostNetwork pods get (empty: `/etc/hosts`).
+    pub etc_hosts: String,
     /// kinglet's Prometheus metrics (probes, pod starts, relists).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
@@ -352,7 +354,11 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
     SandboxConfig {
         pod_uid: pod_uid(pod),
         resolv_conf: resolv_conf(&spec, &ns, node),
-        hosts: hosts_file(&spec, &hosts_name, &domain, node),
+        hosts: if host_network {
+            node_hosts_file(&spec, node)
+        } else {
+            hosts_file(&spec, &hosts_name, &domain, node)
+        },
         pod_name: name,
         namespace: ns,
         hostname,
@@ -455,11 +461,12 @@ fn host_and_domain(spec: &PodSpec, ns: &str, name: &str, node: &NodeContext) -> 
     (short, domain)
 }
 
-/// The pod's `/etc/hosts`: localhost, its own name (with its FQDN when it
-/// has a domain), its `hostAliases`.
+/// The pod's `/etc/hosts` as upstream's `managedHostsFileContent`:
+/// localhost and the IPv6 names, its own name (with its FQDN when it has a
+/// domain), its `hostAliases`.
 fn hosts_file(spec: &PodSpec, hostname: &str, domain: &str, node: &NodeContext) -> String {
     let mut hosts = String::from(
-        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
     );
     if domain.is_empty() {
         hosts.push_str(&format!("{}\t{hostname}\n", node.node_ip));
@@ -469,14 +476,41 @@ fn hosts_file(spec: &PodSpec, hostname: &str, domain: &str, node: &NodeContext) 
             node.node_ip
         ));
     }
-    for h in spec.host_aliases.iter().flatten() {
-        hosts.push_str(&format!(
-            "{}\t{}\n",
-            h.ip,
-            h.hostnames.clone().unwrap_or_default().join("\t")
-        ));
-    }
+    hosts.push_str(&host_aliases(spec));
     hosts
+}
+
+/// A hostNetwork pod's `/etc/hosts`, as upstream's
+/// `nodeHostsFileContent`: the node's own file under a header of its own,
+/// then the `hostAliases`. (A small local file, read as the sandbox is
+/// made.)
+fn node_hosts_file(spec: &PodSpec, node: &NodeContext) -> String {
+    let path = if node.etc_hosts.is_empty() {
+        "/etc/hosts"
+    } else {
+        node.etc_hosts.as_str()
+    };
+    let mut hosts = String::from("# Kubernetes-managed hosts file (host network).\n");
+    hosts.push_str(&std::fs::read_to_string(path).unwrap_or_default());
+    hosts.push_str(&host_aliases(spec));
+    hosts
+}
+
+fn host_aliases(spec: &PodSpec) -> String {
+    let aliases = spec.host_aliases.iter().flatten();
+    let lines: Vec<String> = aliases
+        .map(|h| {
+            format!(
+                "{}\t{}\n",
+                h.ip,
+                h.hostnames.clone().unwrap_or_default().join("\t")
+            )
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!("\n# Entries added by HostAliases.\n{}", lines.concat())
 }
 
 /// The containers' `hostPort`s, as the upstream kubelet hands them to CRI
@@ -1477,6 +1511,21 @@ mod tests {
         ));
         let s = sandbox_config(&over, &node);
         assert_eq!(s.hostname, "other");
+        // hostNetwork: the node's own file under its header, then aliases.
+        let d = tempfile::tempdir().unwrap();
+        let etc = d.path().join("hosts");
+        std::fs::write(&etc, "10.0.0.5\tthe-node\n").unwrap();
+        let host_node = NodeContext {
+            etc_hosts: etc.display().to_string(),
+            ..node.clone()
+        };
+        let hn = pod(&format!(
+            "{BASE}spec:\n  hostNetwork: true\n  hostAliases: [{{ip: 10.1.2.3, hostnames: [db, db2]}}]\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        assert_eq!(
+            sandbox_config(&hn, &host_node).hosts,
+            "# Kubernetes-managed hosts file (host network).\n10.0.0.5\tthe-node\n\n# Entries added by HostAliases.\n10.1.2.3\tdb\tdb2\n"
+        );
         assert!(s.hosts.contains("192.0.2.1\tother\n"), "{}", s.hosts);
     }
 }
