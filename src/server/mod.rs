@@ -214,6 +214,10 @@ pub async fn serve(
                 Err(e) => { debug!(error = %e, "kubelet API accept failed"); continue; }
             },
         };
+        // As Go's listeners: no Nagle. A response's header and body are
+        // separate small writes; with Nagle the second waits out the
+        // peer's delayed ACK (40 ms a request).
+        let _ = tcp.set_nodelay(true);
         let (acceptor, state, stop) = (acceptor.clone(), state.clone(), shutdown.clone());
         tokio::spawn(async move {
             let tls = match acceptor.accept(tcp).await {
