@@ -76,17 +76,50 @@ fn kubectl_stdin(args: &[&str], input: &[u8]) -> (i32, Vec<u8>, String) {
     )
 }
 
+/// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
+/// period) and waits until it runs.
+async fn create_running(pods: &Api<Pod>, node: &str, name: &str, mut spec: serde_json::Value) {
+    spec["nodeName"] = node.into();
+    spec["terminationGracePeriodSeconds"] = 1.into();
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        let p = pods.get(name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+}
+
+/// A node of `rt` joined and Ready: (kinglet, its log dir, the admin
+/// client, the default namespace's pods, the Node).
+async fn ready_node(
+    rt: Rt,
+    prefix: &str,
+) -> (
+    Kinglet,
+    tempfile::TempDir,
+    kube::Client,
+    Api<Pod>,
+    k8s_openapi::api::core::v1::Node,
+) {
+    let admin = admin().await;
+    let (k, dir) = join(rt, prefix);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let n = wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    (k, dir, admin, pods, n)
+}
+
 fn join(rt: Rt, prefix: &str) -> (Kinglet, tempfile::TempDir) {
     join_logged(rt, prefix, &[pods::busybox_archive()])
 }
 
 async fn kubectl_logs_pods_and_healthz(rt: Rt) {
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-logs");
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-logs").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-talk");
     // Three lines, then it fails once (for --previous), then talks again
     // slowly and exits 0 (for -f to end).
@@ -172,11 +205,8 @@ async fn kubectl_logs_pods_and_healthz(rt: Rt) {
 }
 
 async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-authz");
+    let (k, _dir, admin, _pods, _n) = ready_node(rt, "kl-authz").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
     let port = std::fs::read_to_string(&k.config)
         .unwrap()
         .lines()
@@ -286,11 +316,8 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
 /// (v5.channel.k8s.io) straight to the node because the node declares
 /// `ExtendWebSocketsToKubelet`.
 async fn kubectl_exec(rt: Rt) {
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-exec");
+    let (k, _dir, _admin, pods, n) = ready_node(rt, "kl-exec").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    let n = wait_ready(&nodes, &node, Duration::from_secs(30)).await;
     let declared = n
         .status
         .and_then(|s| s.declared_features)
@@ -299,22 +326,9 @@ async fn kubectl_exec(rt: Rt) {
         declared.iter().any(|f| f == "ExtendWebSocketsToKubelet"),
         "{declared:?}"
     );
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-sh");
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"],
-                                 "env": [{"name": "GREETING", "value": "hello from the pod"}]}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(&name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
-    .await;
+    create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"],
+                                     "env": [{"name": "GREETING", "value": "hello from the pod"}]}]})).await;
     // Both output streams, apart, and the exit code.
     let script = "echo out; echo err >&2; echo $GREETING; exit 3";
     let (code, out, err) = kubectl_stdin(&["exec", &name, "--", "sh", "-c", script], b"");
@@ -355,27 +369,17 @@ impl Drop for KillOnDrop {
 /// the pod's network namespace (an echo server on the pod's loopback).
 async fn kubectl_port_forward(rt: Rt) {
     use std::io::{BufRead, Read, Write};
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-pf");
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-pf").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-echo");
     // An echo server in the pod, reached through its network namespace.
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": BB,
-                                 "command": ["nc", "-ll", "-p", "9000", "-e", "cat"]}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(&name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
+    create_running(
+        &pods,
+        &node,
+        &name,
+        serde_json::json!({"containers": [{"name": "c", "image": BB,
+                                     "command": ["nc", "-ll", "-p", "9000", "-e", "cat"]}]}),
+    )
     .await;
     let kc = cluster_dir().join("admin.kubeconfig");
     let mut child = KillOnDrop(
@@ -461,26 +465,10 @@ fn openpty(cols: u16, rows: u16) -> (std::fs::File, std::fs::File) {
 async fn kubectl_exec_on_a_terminal(rt: Rt) {
     use std::io::{Read, Write};
     use std::sync::{Arc, Mutex};
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-tty");
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-tty").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-tty");
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(&name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
-    .await;
+    create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]})).await;
     let (mut master, slave) = openpty(91, 27);
     let kc = cluster_dir().join("admin.kubeconfig");
     let mut child = KillOnDrop(
@@ -551,27 +539,18 @@ async fn kubectl_exec_on_a_terminal(rt: Rt) {
 /// `kubectl attach -i`: lines typed reach the container's main process,
 /// its answers come back, and the attach ends with the container.
 async fn kubectl_attach(rt: Rt) {
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-attach");
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-attach").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-att");
     let script = r#"while read l; do echo "got:$l"; [ "$l" = bye ] && exit 0; done"#;
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
-                 "containers": [{"name": "c", "image": BB, "stdin": true,
-                                 "command": ["sh", "-c", script]}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(&name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
+    create_running(
+        &pods,
+        &node,
+        &name,
+        serde_json::json!({"restartPolicy": "Never",
+                     "containers": [{"name": "c", "image": BB, "stdin": true,
+                                     "command": ["sh", "-c", script]}]}),
+    )
     .await;
     // stdin stays open while the container answers (at the end of its
     // stdin a client detaches, as with containerd's attach).
@@ -652,30 +631,15 @@ fn node_get(k: &Kinglet, path: &str) -> String {
 /// `/stats/summary` and `/metrics/resource` (what metrics-server scrapes)
 /// with a pod that burns CPU and holds memory.
 async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
-    let admin = admin().await;
-    let (k, _dir) = join(rt, "kl-stats");
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-stats").await;
     let node = k.name.clone();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &node, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{node}-busy");
     // A CPU loop, and 20 MiB held in a file in /dev/shm (shared memory
     // counts in the container's memory cgroup).
     let script = "head -c 20971520 /dev/zero > /dev/shm/fill; while :; do :; done";
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"nodeName": node, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script],
-                                 "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 1}}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(&name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
-    .await;
+    let probe = serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
+    let c = serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script], "readinessProbe": probe});
+    create_running(&pods, &node, &name, serde_json::json!({"containers": [c]})).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = node_get(&k, "/stats/summary");
     tokio::time::sleep(Duration::from_secs(2)).await;
