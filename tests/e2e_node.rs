@@ -401,14 +401,7 @@ async fn tls_bootstrap_from_a_bootstrap_token_to_ready() {
     assert!(written.contains("kubelet-client-current.pem"), "{written}");
     // The CSR was the node's, approved by the controller-manager.
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
-    let mine: Vec<_> = csrs
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:bootstrap:{id}")))
-        .collect();
+    let mine = bootstrap_csrs(&csrs, &id).await;
     assert!(!mine.is_empty(), "no CSR from the bootstrap token");
     let approved = mine.iter().any(|c| {
         c.status
@@ -426,14 +419,7 @@ async fn tls_bootstrap_from_a_bootstrap_token_to_ready() {
     k.spawn();
     wait_ready(&nodes, &name, Duration::from_secs(30)).await;
     assert_eq!(std::fs::read_link(&current).unwrap(), target);
-    let after = csrs
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:bootstrap:{id}")))
-        .count();
+    let after = bootstrap_csrs(&csrs, &id).await.len();
     assert_eq!(after, before, "a restart requested another certificate");
     let _ = secrets
         .delete(&format!("bootstrap-token-{id}"), &Default::default())
@@ -445,4 +431,16 @@ async fn tls_bootstrap_from_a_bootstrap_token_to_ready() {
     ] {
         let _ = bindings.delete(n, &Default::default()).await;
     }
+}
+
+/// The CSRs made with bootstrap token `id`.
+async fn bootstrap_csrs(
+    csrs: &Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest>,
+    id: &str,
+) -> Vec<k8s_openapi::api::certificates::v1::CertificateSigningRequest> {
+    let user = format!("system:bootstrap:{id}");
+    let all = csrs.list(&Default::default()).await.unwrap().items;
+    all.into_iter()
+        .filter(|c| c.spec.username.as_deref() == Some(user.as_str()))
+        .collect()
 }

@@ -174,6 +174,15 @@ impl StreamWriter {
 }
 
 impl Stream {
+    fn new(id: u32, headers: Headers, rx: mpsc::Receiver<Bytes>, out: mpsc::Sender<Out>) -> Self {
+        Stream {
+            id,
+            headers,
+            reader: StreamReader { rx },
+            writer: StreamWriter { id, out },
+        }
+    }
+
     /// A header's value (names are lowercase on the wire).
     pub fn header(&self, name: &str) -> Option<&str> {
         frame::header(&self.headers, name)
@@ -228,15 +237,7 @@ impl Conn {
         };
         self.out.send(syn).await.map_err(|_| SpdyError::Closed)?;
         reply_rx.await.map_err(|_| SpdyError::Closed)??;
-        Ok(Stream {
-            id,
-            headers,
-            reader: StreamReader { rx },
-            writer: StreamWriter {
-                id,
-                out: self.out.clone(),
-            },
-        })
+        Ok(Stream::new(id, headers, rx, self.out.clone()))
     }
 
     /// Ends the connection: GOAWAY, then the writer closes the transport.
@@ -368,15 +369,7 @@ impl Reader {
             lock(&self.shared).streams.insert(id, tx);
         }
         let _ = self.out.send(Out::SynReply { id }).await;
-        let stream = Stream {
-            id,
-            headers,
-            reader: StreamReader { rx },
-            writer: StreamWriter {
-                id,
-                out: self.out.clone(),
-            },
-        };
+        let stream = Stream::new(id, headers, rx, self.out.clone());
         if self.incoming.send(stream).await.is_err() {
             let _ = self.out.send(Out::Rst { id, status: 3 }).await;
         }

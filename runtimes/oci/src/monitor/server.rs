@@ -432,26 +432,18 @@ impl Monitor {
         args: Vec<String>,
         fds: Vec<OwnedFd>,
     ) -> Result<i32, Box<Response>> {
-        let Some(r) = self.records.get(id) else {
-            return Err(Box::new(not_found(id)));
-        };
-        if r.status != "running" {
-            return Err(Box::new(failed(format!(
-                "container {id} is not running ({})",
-                r.status
-            ))));
-        }
+        let bundle = self.running_bundle(id)?;
         let Ok(stdio) = <[OwnedFd; 3]>::try_from(fds) else {
             return Err(Box::new(failed(
                 "exec needs three file descriptors (stdin, stdout, stderr)".into(),
             )));
         };
-        container::exec(&self.state_root, id, &r.bundle, args, stdio)
+        container::exec(&self.state_root, id, &bundle, args, stdio)
             .map_err(|e| Box::new(failed(e.to_string())))
     }
 
-    /// As [`Self::exec`], on a new terminal (no descriptors needed).
-    fn exec_tty(&mut self, id: &str, args: Vec<String>) -> Result<(i32, OwnedFd), Box<Response>> {
+    /// The bundle of running container `id`, or the answer saying why not.
+    fn running_bundle(&self, id: &str) -> Result<PathBuf, Box<Response>> {
         let Some(r) = self.records.get(id) else {
             return Err(Box::new(not_found(id)));
         };
@@ -461,7 +453,13 @@ impl Monitor {
                 r.status
             ))));
         }
-        container::exec_tty(&self.state_root, id, &r.bundle, args)
+        Ok(r.bundle.clone())
+    }
+
+    /// As [`Self::exec`], on a new terminal (no descriptors needed).
+    fn exec_tty(&mut self, id: &str, args: Vec<String>) -> Result<(i32, OwnedFd), Box<Response>> {
+        let bundle = self.running_bundle(id)?;
+        container::exec_tty(&self.state_root, id, &bundle, args)
             .map_err(|e| Box::new(failed(e.to_string())))
     }
 
