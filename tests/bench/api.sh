@@ -6,7 +6,7 @@
 # kind), then with 30 pods; /stats/summary and /metrics/resource latency at 30 pods (direct to
 # the node with a client certificate, as metrics-server calls it);
 # `kubectl exec -- true` round trips (kubectl's own start and the
-# apiserver included); `kubectl logs` throughput on an 8 MB log (one
+# apiserver included); `kubectl logs` throughput on a 4 MB log (one
 # file: the default containerLogMaxSize is 10 Mi).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -91,11 +91,11 @@ echo "kubectl get --raw /version (kubectl's own floor): $(for _ in $(seq 1 10); 
   /usr/bin/time -f %e kubectl --kubeconfig "$admin" get --raw /version 2>&1 >/dev/null | tail -1
 done | pct)"
 
-pod logs '"yes 0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789 | head -c 8000000; sleep 3600"' | kubectl --kubeconfig "$admin" apply -f - >/dev/null
+pod logs '"yes 0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789 | head -c 4000000; sleep 3600"' | kubectl --kubeconfig "$admin" apply -f - >/dev/null
 kubectl --kubeconfig "$admin" wait --for=condition=Ready pod/logs --timeout=60s >/dev/null
 for _ in $(seq 1 120); do
   n=$(kubectl --kubeconfig "$admin" logs logs 2>/dev/null | wc -c)
-  [ "$n" -ge 8000000 ] && break; sleep 1
+  [ "$n" -ge 4000000 ] && break; sleep 1
 done
 t=$( { /usr/bin/time -f %e kubectl --kubeconfig "$admin" logs logs > "$work/logs.out"; } 2>&1 | tail -1)
 echo "kubectl logs of a $(stat -c %s "$work/logs.out")-byte log: ${t} s ($(python3 -c "print(round($(stat -c %s "$work/logs.out")/1e6/$t,1))") MB/s)"
