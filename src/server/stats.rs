@@ -148,14 +148,19 @@ impl Sampler {
                 )
             })
         };
-        let listed = self.runtime.list_containers().await.unwrap_or_else(|_| {
-            error = true;
-            Vec::new()
-        });
-        let usage = self.runtime.container_stats().await.unwrap_or_else(|_| {
-            error = true;
-            Vec::new()
-        });
+        // The three runtime calls at once: through CRI each is a round
+        // trip to containerd (its stats calls take tens of milliseconds).
+        let (listed, usage, sandboxes) = tokio::join!(
+            self.runtime.list_containers(),
+            self.runtime.container_stats(),
+            self.runtime.pod_sandbox_stats(),
+        );
+        error |= listed.is_err() || usage.is_err() || sandboxes.is_err();
+        let (listed, usage, sandboxes) = (
+            listed.unwrap_or_default(),
+            usage.unwrap_or_default(),
+            sandboxes.unwrap_or_default(),
+        );
         let mut containers = Vec::new();
         for u in &usage {
             let Some(c) = listed.iter().find(|c| c.id == u.id) else {
@@ -177,10 +182,6 @@ impl Sampler {
                 working_set: u.memory_working_set_bytes,
             });
         }
-        let sandboxes = self.runtime.pod_sandbox_stats().await.unwrap_or_else(|_| {
-            error = true;
-            Vec::new()
-        });
         let pods = sandboxes
             .iter()
             .filter_map(|s| {
