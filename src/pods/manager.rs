@@ -145,7 +145,13 @@ impl PodManager {
     async fn relist(&mut self) {
         let t = std::time::Instant::now();
         let r = self.pleg.relist().await;
-        self.node.metrics.relisted(t.elapsed());
+        let took = t.elapsed();
+        self.node.metrics.relisted(took);
+        // Everything the manager does waits for a relist: a slow one is
+        // worth a line (a conformance run once saw pod intake stall 5 min).
+        if took > std::time::Duration::from_secs(5) {
+            warn!(took = ?took, "relisting containers was slow; pod updates waited for it");
+        }
         match r {
             Ok(changed) => {
                 for uid in changed {
