@@ -340,11 +340,11 @@ async fn kubectl_exec(rt: Rt) {
     let (code, out, err) = kubectl_stdin(&["exec", "-i", &name, "--", "cat"], input);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, input);
-    // A megabyte streamed out, every byte.
-    let big = "head -c 1048576 /dev/zero | tr '\\0' x";
+    // Four megabytes streamed out, every byte (and the status after them).
+    let big = "head -c 4194304 /dev/zero | tr '\\0' x";
     let (code, out, err) = kubectl_stdin(&["exec", &name, "--", "sh", "-c", big], b"");
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out.len(), 1 << 20);
+    assert_eq!(out.len(), 4 << 20);
     assert!(out.iter().all(|b| *b == b'x'));
     // A command that cannot start is an error, not a hang.
     let (code, _, err) = kubectl_stdin(&["exec", &name, "--", "/no/such/binary"], b"");

@@ -261,7 +261,7 @@ async fn pump(r: Option<Reader>, p: Protocol, ch: u8, send: bool, tx: mpsc::Send
 /// Reads the client until it goes away: stdin into the process, window
 /// sizes to the terminal.
 async fn read_client<S>(
-    mut source: S,
+    source: &mut S,
     p: Protocol,
     mut stdin: Option<Writer>,
     resize: Option<mpsc::Sender<TermSize>>,
@@ -301,7 +301,7 @@ where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await;
-    let (mut sink, source) = ws.split();
+    let (mut sink, mut source) = ws.split();
     let (tx, mut rx) = mpsc::channel::<Message>(8);
     let writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
@@ -320,17 +320,24 @@ where
     };
     let _ = tx.send(frame(p, first, b"")).await;
     let (out, err) = (s.stdout.take(), s.stderr.take());
-    let run = async {
+    let (stdin, resize) = (s.stdin.take(), s.resize.take());
+    let (tx_out, tx_err) = (tx.clone(), tx.clone());
+    let run = async move {
         let (_, _, exit) = tokio::join!(
-            pump(out, p, STDOUT, want.stdout, tx.clone()),
-            pump(err, p, STDERR, want.stderr, tx.clone()),
+            pump(out, p, STDOUT, want.stdout, tx_out),
+            pump(err, p, STDERR, want.stderr, tx_err),
             s.exit,
         );
         exit.map_err(|e| e.to_string())
     };
+    tokio::pin!(run);
     let exit = tokio::select! {
-        e = run => Some(e),
-        _ = read_client(source, p, s.stdin.take(), s.resize.take()) => None,
+        e = &mut run => Some(e),
+        // The client's side ended: a process that is finishing anyway
+        // (its output in flight) gets a moment to, then it is killed.
+        _ = read_client(&mut source, p, stdin, resize) => {
+            tokio::time::timeout(std::time::Duration::from_secs(2), &mut run).await.ok()
+        }
     };
     match &exit {
         Some(e) => {
@@ -349,6 +356,12 @@ where
             reason: "".into(),
         };
         let _ = sink.send(Message::Close(Some(normal))).await;
+        // The closing handshake: read until the client's Close (or its
+        // end) before the socket goes. Closing with unread input makes the
+        // kernel reset the connection, and a reset drops what the peer
+        // has not read yet: the tail of the output and the status.
+        let drain = async { while let Some(Ok(_)) = source.next().await {} };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
         let _ = sink.close().await;
     }
 }
