@@ -353,7 +353,15 @@ impl Task {
             tokio::time::sleep(timing.period.mul_f64(random_fraction())).await;
         }
         let now = jiff::Timestamp::now().as_nanosecond() as i64;
-        let running_for = Duration::from_nanos((now - self.t.started_at).max(0) as u64);
+        // A start time the runtime has not reported yet (0) is now: the
+        // initial delay must never be skipped for want of it (it was, for
+        // a sidecar probed before its start time was read back).
+        let started_at = if self.t.started_at > 0 {
+            self.t.started_at
+        } else {
+            now
+        };
+        let running_for = Duration::from_nanos((now - started_at).max(0) as u64);
         if let Some(left) = timing.initial_delay.checked_sub(running_for) {
             tokio::time::sleep(left).await;
         }
