@@ -76,6 +76,20 @@ fn kubectl_stdin(args: &[&str], input: &[u8]) -> (i32, Vec<u8>, String) {
     )
 }
 
+/// An `Authorization` header with a token of ServiceAccount `sa`.
+async fn bearer_of(
+    sas: &Api<ServiceAccount>,
+    sa: &str,
+    tr: &k8s_openapi::api::authentication::v1::TokenRequest,
+) -> String {
+    let status = sas
+        .create_token_request(sa, &PostParams::default(), tr)
+        .await
+        .unwrap()
+        .status;
+    format!("Authorization: Bearer {}", status.unwrap().token.unwrap())
+}
+
 /// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
 /// period) and waits until it runs.
 async fn create_running(pods: &Api<Pod>, node: &str, name: &str, mut spec: serde_json::Value) {
@@ -235,15 +249,7 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
     sas.create(&PostParams::default(), &sa).await.unwrap();
     let tr: k8s_openapi::api::authentication::v1::TokenRequest =
         serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 600}})).unwrap();
-    let token = sas
-        .create_token_request(&sa_name, &PostParams::default(), &tr)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap();
-    let bearer = format!("Authorization: Bearer {token}");
+    let bearer = bearer_of(&sas, &sa_name, &tr).await;
     for path in [
         "/pods",
         "/healthz",
@@ -285,15 +291,7 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let token = sas
-        .create_token_request(&stats_sa, &PostParams::default(), &tr)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
-        .unwrap();
-    let bearer = format!("Authorization: Bearer {token}");
+    let bearer = bearer_of(&sas, &stats_sa, &tr).await;
     // RBAC reaches the authorizer's cache within a moment.
     wait_for("nodes/stats allowed", Duration::from_secs(60), || async {
         (curl(&["-H", &bearer, &url("/stats/summary")]) == "200").then_some(())
