@@ -65,13 +65,14 @@ impl Kubelet {
             tasks: Vec::new(),
         };
         let started = k.start_runtime(&s).await?;
-        let client = api_client(&s).await?;
+        let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
+        let client = k.api_client(&s, &metrics).await?;
         let host = Host {
             machine: node::host::HostPaths::default().machine_info(),
             addresses: node::host::node_addresses(s.node_ip, &s.node_name),
         };
         let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
-        k.start_pods(&s, &host, &started, client.clone(), relist.clone())?;
+        k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
         k.start_images(&s, &started);
         let update = s.config.node_status_update_frequency.0;
         let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
@@ -144,6 +145,7 @@ impl Kubelet {
         host: &Host,
         started: &Started,
         client: Option<kube::Client>,
+        metrics: Arc<crate::metrics::Metrics>,
         relist: health::Heartbeat,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
@@ -164,7 +166,7 @@ impl Kubelet {
             sources.push("file");
         }
         let machine = &host.machine;
-        let mut node_ctx = node_context(s, host, &started.id_scheme, client.clone());
+        let mut node_ctx = node_context(s, host, &started.id_scheme, client.clone(), metrics);
         node_ctx.services = client
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
@@ -241,6 +243,95 @@ impl Kubelet {
         }
     }
 
+    /// The API client from `--kubeconfig` (after a TLS bootstrap when
+    /// `--bootstrap-kubeconfig` is given and the kubeconfig has no usable
+    /// certificate), with its client certificate renewed before expiry
+    /// when `rotateCertificates` is on.
+    async fn api_client(
+        &mut self,
+        s: &Settings,
+        metrics: &Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<Option<kube::Client>> {
+        use crate::certificate::{self as cert, client as cc};
+        let Some(path) = &s.kubeconfig else {
+            return Ok(None);
+        };
+        let pki = s.root_dir.join("pki");
+        if let Some(bootstrap) = &s.bootstrap_kubeconfig {
+            cert::bootstrap::ensure(path, bootstrap, &pki, &s.node_name).await?;
+        }
+        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+        let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
+        let pair = cc::kubeconfig_pair(&client_cfg, path);
+        let (true, Some(pair)) = (s.config.rotate_certificates, pair) else {
+            if s.config.rotate_certificates {
+                info!("rotateCertificates: the kubeconfig authenticates without a client certificate; nothing to rotate");
+            }
+            let client = kube::Client::try_from(client_cfg)
+                .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+            return Ok(Some(client));
+        };
+        let store = cert::Store::client(&pki);
+        let pair = cc::initial(&store, pair);
+        let current = cc::ClientCert::new(&pair);
+        let client = cc::build(&client_cfg, current.clone())
+            .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+        let rotator = cert::Rotator {
+            kind: cert::Kind::Client,
+            store,
+            template: cert::Template::client(&s.node_name),
+            client: client.clone(),
+            apply: Arc::new(move |p| current.set(p)),
+            metrics: metrics.clone(),
+        };
+        self.spawn(rotator.run(Some(pair), self.shutdown.clone()));
+        Ok(Some(client))
+    }
+
+    /// The serving certificate: requested from the cluster
+    /// (`serverTLSBootstrap`, which upstream lets win over the files), the
+    /// configured files (reloaded on change), or self-signed.
+    fn serving_cert(
+        &mut self,
+        s: &Settings,
+        names: Vec<String>,
+        client: kube::Client,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<Arc<crate::certificate::serving::ServingCert>> {
+        use crate::certificate::{self as cert, serving};
+        let cfg = &s.config;
+        let pki = s.root_dir.join("pki");
+        if cfg.server_tls_bootstrap {
+            let store = cert::Store::server(&pki);
+            let current = store.load().filter(|p| p.valid_for(0));
+            let served = serving::ServingCert::new(current.as_ref());
+            if current.is_none() {
+                info!("serverTLSBootstrap: no serving certificate yet; the kubelet API refuses TLS until the one requested is approved");
+            }
+            let apply = served.clone();
+            let rotator = cert::Rotator {
+                kind: cert::Kind::Serving,
+                store,
+                template: cert::Template::serving(&s.node_name, names),
+                client,
+                apply: Arc::new(move |p| apply.set(p)),
+                metrics,
+            };
+            self.spawn(rotator.run(current, self.shutdown.clone()));
+            return Ok(served);
+        }
+        if !cfg.tls_cert_file.is_empty() && !cfg.tls_private_key_file.is_empty() {
+            let (crt, key) = (cfg.tls_cert_file.as_ref(), cfg.tls_private_key_file.as_ref());
+            let (served, reload) = serving::from_files(crt, key, self.shutdown.clone())?;
+            self.spawn(reload);
+            return Ok(served);
+        }
+        Ok(serving::self_signed(&pki, &names)?)
+    }
+
     /// The kubelet API on `address:port` (0: off), for a node joined to a
     /// cluster (standalone nodes have no API server to check callers with).
     fn start_server(
@@ -260,17 +351,13 @@ impl Kubelet {
         let mut names = vec![s.node_name.clone()];
         names.extend(host.addresses.iter().map(|(_, a)| a.clone()));
         names.dedup();
-        let files = crate::server::TlsFiles {
-            cert: nonempty(&cfg.tls_cert_file),
-            key: nonempty(&cfg.tls_private_key_file),
-            pki_dir: s.root_dir.join("pki"),
-            names,
+        let options = crate::server::TlsOptions {
             client_ca: nonempty(&cfg.authentication.x509.client_ca_file),
             cipher_suites: cfg.tls_cipher_suites.clone(),
             min_version: cfg.tls_min_version.clone(),
         };
-        // Once, at start: reading (or making) the certificate is quick.
-        let tls = crate::server::tls_config(&files)?;
+        let served = self.serving_cert(s, names, client.clone(), metrics.clone())?;
+        let tls = crate::server::tls_config(&options, served)?;
         let auth = crate::server::auth::Auth::new(
             Some(client),
             s.node_name.clone(),
@@ -427,29 +514,13 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn api_client(s: &Settings) -> anyhow::Result<Option<kube::Client>> {
-    let Some(path) = &s.kubeconfig else {
-        return Ok(None);
-    };
-    if let Some(bootstrap) = &s.bootstrap_kubeconfig {
-        node::bootstrap::ensure(path, bootstrap, &s.root_dir.join("pki"), &s.node_name).await?;
-    }
-    let kubeconfig = kube::config::Kubeconfig::read_from(path)
-        .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-    let client_cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
-    let client = kube::Client::try_from(client_cfg)
-        .with_context(|| format!("cannot build an API client from {}", path.display()))?;
-    Ok(Some(client))
-}
-
 /// What pod specs are turned into runtime configs with.
 fn node_context(
     s: &Settings,
     host: &Host,
     id_scheme: &str,
     client: Option<kube::Client>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) -> pods::convert::NodeContext {
     let cfg = &s.config;
     let node_ip = host
@@ -480,7 +551,7 @@ fn node_context(
         clock: pods::plan::Clock::System,
         started: Some(tokio::time::Instant::now()),
         services: None,
-        metrics: Arc::new(crate::metrics::Metrics::new(&s.node_name)),
+        metrics,
         etc_hosts: "/etc/hosts".into(),
         volume_sources: client.clone().map(|c| {
             Arc::new(pods::volumes::Sources {

@@ -6,6 +6,7 @@
 //! assembles the parts, until SIGTERM.
 
 mod backoff;
+mod certificate;
 mod config;
 mod demo;
 mod dirwatch;

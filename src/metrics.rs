@@ -1,7 +1,8 @@
 //! kinglet's own Prometheus metrics, under upstream kubelet names where
 //! they exist: counters and histograms the pod parts update as things
 //! happen (probes, pod starts, PLEG relists), and gauges read at scrape
-//! time (running pods and containers). Served on the kubelet API's
+//! time (running pods and containers), the certificates' time left and
+//! renewal errors, evictions. Served on the kubelet API's
 //! `/metrics` as OpenMetrics text.
 
 use std::sync::Mutex;
@@ -30,6 +31,11 @@ pub struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    pub eviction_signal: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
     pub node: String,
 }
@@ -43,6 +49,10 @@ pub struct Metrics {
     pub running_pods: Gauge,
     pub running_containers: Family<StateLabels, Gauge>,
     node_name: Family<NodeLabels, Gauge>,
+    client_ttl: Gauge,
+    server_ttl: Gauge,
+    client_renew_errors: Counter,
+    server_renew_errors: Counter,
     /// Encoding takes the registry by reference; scrapes are serialized.
     encode: Mutex<()>,
 }
@@ -108,8 +118,41 @@ impl Metrics {
             "The node's name. The count is always 1",
             node_name.clone(),
         );
+        // Declared for scrapers; the eviction manager (not built yet)
+        // will count into it.
+        registry.register(
+            "kubelet_evictions",
+            "Cumulative number of pod evictions by eviction signal",
+            Family::<SignalLabels, Counter>::default(),
+        );
+        let [client_ttl, server_ttl] = [Gauge::default(), Gauge::default()];
+        let [client_renew_errors, server_renew_errors] = [Counter::default(), Counter::default()];
+        registry.register(
+            "kubelet_certificate_manager_client_ttl_seconds",
+            "Gauge of the TTL (time-to-live) of the Kubelet's client certificate",
+            client_ttl.clone(),
+        );
+        registry.register(
+            "kubelet_certificate_manager_server_ttl_seconds",
+            "Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate",
+            server_ttl.clone(),
+        );
+        registry.register(
+            "kubelet_certificate_manager_client_expiration_renew_errors",
+            "Counter of certificate renewal errors",
+            client_renew_errors.clone(),
+        );
+        registry.register(
+            "kubelet_server_expiration_renew_errors",
+            "Counter of certificate renewal errors",
+            server_renew_errors.clone(),
+        );
         Metrics {
             registry,
+            client_ttl,
+            server_ttl,
+            client_renew_errors,
+            server_renew_errors,
             probes,
             pod_start,
             pleg_relist,
@@ -118,6 +161,22 @@ impl Metrics {
             node_name,
             encode: Mutex::new(()),
         }
+    }
+
+    /// A certificate's time left, in seconds.
+    pub fn certificate_ttl(&self, kind: crate::certificate::Kind, secs: i64) {
+        match kind {
+            crate::certificate::Kind::Client => self.client_ttl.set(secs),
+            crate::certificate::Kind::Serving => self.server_ttl.set(secs),
+        };
+    }
+
+    /// A failed certificate renewal.
+    pub fn certificate_renew_error(&self, kind: crate::certificate::Kind) {
+        match kind {
+            crate::certificate::Kind::Client => self.client_renew_errors.inc(),
+            crate::certificate::Kind::Serving => self.server_renew_errors.inc(),
+        };
     }
 
     /// One probe run: `result` is upstream's `successful`, `failed` or

@@ -128,6 +128,7 @@ pub struct KubeletConfiguration {
     /// `VersionTLS12` (and empty) or `VersionTLS13`.
     pub tls_min_version: String,
     pub rotate_certificates: bool,
+    #[serde(rename = "serverTLSBootstrap")]
     pub server_tls_bootstrap: bool,
     pub authentication: Authentication,
     pub authorization: Authorization,
@@ -802,6 +803,7 @@ authentication:
 authorization: {{mode: Webhook}}
 readOnlyPort: 0
 rotateCertificates: true
+serverTLSBootstrap: true
 healthzBindAddress: 127.0.0.1
 healthzPort: 10249
 "
@@ -818,6 +820,7 @@ healthzPort: 10249
             "/etc/kinglet/ca.crt"
         );
         assert!(cfg.rotate_certificates);
+        assert!(cfg.server_tls_bootstrap);
         assert_eq!(cfg.healthz_port, 10249);
         let ev = cfg.eviction_thresholds().unwrap();
         // Setting evictionHard replaces every default.

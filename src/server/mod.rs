@@ -6,9 +6,8 @@
 //! the apiserver proxies for `kubectl logs`. Exec, attach, port-forward, stats and
 //! metrics come next.
 //!
-//! The serving certificate is `tlsCertFile`/`tlsPrivateKeyFile`, or, as
-//! upstream without them, a self-signed one made once under
-//! `<root-dir>/pki` for the node's name and addresses.
+//! The serving certificate comes from [`crate::certificate::serving`]
+//! (files reloaded on change, `serverTLSBootstrap`, or self-signed).
 
 pub mod auth;
 pub mod exec;
@@ -20,7 +19,7 @@ pub mod zpages;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -30,7 +29,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::pods::StatusView;
 use auth::{Auth, User};
@@ -56,8 +55,8 @@ pub struct State {
 /// Errors setting the server up.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("kubelet API certificate {path}: {message}")]
-    Cert { path: String, message: String },
+    #[error("kubelet API TLS: {0}")]
+    Tls(String),
     #[error("kubelet API client CA {path}: {message}")]
     ClientCa { path: String, message: String },
     #[error("kubelet API on {addr}: {source}")]
@@ -68,13 +67,9 @@ pub enum ServerError {
     },
 }
 
-/// Where the certificate comes from.
-pub struct TlsFiles {
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    /// For a self-signed certificate: `<root-dir>/pki`.
-    pub pki_dir: PathBuf,
-    pub names: Vec<String>,
+/// How the server's TLS is set up (the certificate itself is
+/// [`crate::certificate::serving`]'s).
+pub struct TlsOptions {
     pub client_ca: Option<PathBuf>,
     /// `tlsCipherSuites` (TLS 1.2 ones restrict; empty: all of kinglet's).
     pub cipher_suites: Vec<String>,
@@ -82,64 +77,14 @@ pub struct TlsFiles {
     pub min_version: String,
 }
 
-fn cert_err(path: &Path, e: impl std::fmt::Display) -> ServerError {
-    ServerError::Cert {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    }
-}
-
-/// The certificate and key files: the configured ones, or a self-signed
-/// pair made once (upstream's `kubelet.crt`/`kubelet.key`).
-fn cert_files(t: &TlsFiles) -> Result<(PathBuf, PathBuf), ServerError> {
-    if let (Some(c), Some(k)) = (&t.cert, &t.key) {
-        return Ok((c.clone(), k.clone()));
-    }
-    let (crt, key) = (t.pki_dir.join("kubelet.crt"), t.pki_dir.join("kubelet.key"));
-    if crt.exists() && key.exists() {
-        return Ok((crt, key));
-    }
-    std::fs::create_dir_all(&t.pki_dir).map_err(|e| cert_err(&t.pki_dir, e))?;
-    let mut params =
-        rcgen::CertificateParams::new(t.names.clone()).map_err(|e| cert_err(&crt, e))?;
-    let cn = format!(
-        "{}@{}",
-        t.names.first().map_or("kinglet", String::as_str),
-        jiff::Timestamp::now().as_second()
-    );
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, cn);
-    // A year from today, as upstream's self-signed certificate.
-    let today = jiff::Zoned::now().date();
-    params.not_before =
-        rcgen::date_time_ymd(today.year().into(), today.month() as u8, today.day() as u8);
-    params.not_after = rcgen::date_time_ymd(
-        i32::from(today.year()) + 1,
-        today.month() as u8,
-        today.day().min(28) as u8,
-    );
-    let kp = rcgen::KeyPair::generate().map_err(|e| cert_err(&key, e))?;
-    let cert = params.self_signed(&kp).map_err(|e| cert_err(&crt, e))?;
-    crate::fsutil::write_private_atomic(&key, kp.serialize_pem().as_bytes(), true)
-        .map_err(|e| cert_err(&key, e))?;
-    crate::fsutil::write_private_atomic(&crt, cert.pem().as_bytes(), true)
-        .map_err(|e| cert_err(&crt, e))?;
-    info!(cert = %crt.display(), "made a self-signed serving certificate for the kubelet API");
-    Ok((crt, key))
-}
-
 /// The rustls config: the serving certificate, and client certificates
 /// checked against the client CA (optional: bearer tokens need none).
-pub fn tls_config(t: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+pub fn tls_config(
+    t: &TlsOptions,
+    cert: Arc<crate::certificate::serving::ServingCert>,
+) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let (crt, key) = cert_files(t)?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&crt)
-        .map_err(|e| cert_err(&crt, e))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| cert_err(&crt, e))?;
-    let key_der = PrivateKeyDer::from_pem_file(&key).map_err(|e| cert_err(&key, e))?;
     let mut provider = rustls::crypto::ring::default_provider();
     if !t.cipher_suites.is_empty() {
         let wanted: Vec<&str> = crate::config::TLS12_SUITES
@@ -160,7 +105,7 @@ pub fn tls_config(t: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ServerError
     };
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
-        .map_err(|e| cert_err(&crt, e))?;
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
     let builder = match &t.client_ca {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
@@ -184,9 +129,7 @@ pub fn tls_config(t: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, ServerError
         }
         None => builder.with_no_client_auth(),
     };
-    let mut cfg = builder
-        .with_single_cert(certs, key_der)
-        .map_err(|e| cert_err(&crt, e))?;
+    let mut cfg = builder.with_cert_resolver(cert);
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
 }

@@ -1,0 +1,322 @@
+//! End to end: the node's certificates against the real control plane.
+//! - a client certificate near the end of a 10-minute life is renewed
+//!   through a CSR the real controller-manager approves (as
+//!   `selfnodeclient`) and signs; the node stays Ready past the old one's
+//!   expiry and still runs and reports pods (on new connections);
+//! - `serverTLSBootstrap`: the kubelet API refuses TLS until its serving
+//!   CSR is approved, then serves a certificate of the cluster's CA for
+//!   its IP (verified by curl against the CA), kept across a restart;
+//! - `tlsCertFile`: rewritten files are served without a restart.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A node client certificate from the test CA, valid from `start` (Unix
+/// seconds) for `lifetime` seconds: (certificate PEM, key PEM).
+fn node_cert(name: &str, start: u64, lifetime: u64) -> (String, String) {
+    let pki = cluster_dir().join("pki");
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap())
+        .unwrap();
+    let mut ca = rcgen::CertificateParams::default();
+    ca.distinguished_name = rcgen::DistinguishedName::new();
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "kinglet-test-ca");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{name}"));
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    p.not_before = epoch + Duration::from_secs(start);
+    p.not_after = epoch + Duration::from_secs(start + lifetime);
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// `openssl x509` of a PEM file: (subject, issuer, notAfter as Unix s).
+fn x509(path: &Path) -> (String, String, u64) {
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-issuer", "-enddate", "-in"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let end = field("notAfter=");
+    let secs = Command::new("date")
+        .args(["-d", &end, "+%s"])
+        .output()
+        .unwrap();
+    let secs: u64 = String::from_utf8_lossy(&secs.stdout).trim().parse().unwrap();
+    (field("subject="), field("issuer="), secs)
+}
+
+fn kubectl(args: &[&str]) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cluster_dir().join("admin.kubeconfig"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The node's CSRs for `signer`.
+async fn csrs_of(admin: &kube::Client, node: &str, signer: &str) -> Vec<CertificateSigningRequest> {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let user = format!("system:node:{node}");
+    let all = api.list(&Default::default()).await.unwrap().items;
+    all.into_iter()
+        .filter(|c| c.spec.username.as_deref() == Some(user.as_str()) && c.spec.signer_name == signer)
+        .collect()
+}
+
+fn approved(c: &CertificateSigningRequest) -> bool {
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|x| x.type_ == "Approved" && x.status == "True"))
+}
+
+#[tokio::test]
+async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let admin = admin().await;
+    let name = unique_name("kl-rot");
+    // What kubeadm binds: nodes may have their own client CSRs approved.
+    let binding = format!("kinglet-test:{name}-renew");
+    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    let b: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": binding},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]
+    }))
+    .unwrap();
+    bindings.create(&PostParams::default(), &b).await.unwrap();
+    // A 10-minute certificate with 2 minutes left: past 80 % of its life,
+    // so the renewal is due within a minute of the start.
+    let (cert, key) = node_cert(&name, now() - 480, 600);
+    let old_end = now() + 120;
+    let mut k = Kinglet::unstarted(&name, &format!("{FAST_CONFIG}rotateCertificates: true\n"));
+    let pem = k.dir.path().join("short.pem");
+    std::fs::write(&pem, format!("{cert}{key}")).unwrap();
+    let kubeconfig = k.dir.path().join("short.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{}', certificate-authority: '{}'}}}}]\nusers: [{{name: u, user: {{client-certificate: '{p}', client-key: '{p}'}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
+            cluster_port(),
+            cluster_dir().join("pki/ca.crt").display(),
+            p = pem.display()
+        ),
+    )
+    .unwrap();
+    k.kubeconfig_override = Some(kubeconfig);
+    k.import(pods::busybox_archive());
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+
+    // Renewed: a certificate of the cluster's CA for the same node, in
+    // upstream's place, requested by the node itself and approved.
+    let current = k.dir.path().join("root/pki/kubelet-client-current.pem");
+    wait_for("the renewed client certificate", Duration::from_secs(90), || async {
+        current.exists().then_some(())
+    })
+    .await;
+    let (subject, issuer, end) = x509(&current);
+    assert!(subject.contains(&format!("system:node:{name}")), "{subject}");
+    assert!(issuer.contains("kinglet-test-ca"), "{issuer}");
+    assert!(end > old_end + 3600, "the new certificate is short-lived too");
+    let mine = csrs_of(&admin, &name, "kubernetes.io/kube-apiserver-client-kubelet").await;
+    assert!(mine.iter().any(approved), "{mine:?}");
+    let log = k.log();
+    assert!(log.contains("certificate rotated"), "{log}");
+
+    // Ready all along, past the old certificate's expiry.
+    while now() < old_end + 15 {
+        let n = nodes.get(&name).await.unwrap();
+        assert!(is_ready(&n), "NotReady during the rotation: {:?}", n.status);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // The node still works on connections made after the old expiry:
+    // a pod bound to it runs and its status comes back.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let pod_name = format!("{name}-after");
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pod_name},
+        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "c", "image": "kinglet.test/busybox:1",
+                                 "command": ["sleep", "3600"]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_for("the pod runs after the old certificate expired", Duration::from_secs(60), || async {
+        let p = pods.get(&pod_name).await.ok()?;
+        (p.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    let log = k.log();
+    assert!(!log.contains("Unauthorized"), "requests were refused: {log}");
+    delete_pods(&pods, &[pod_name]).await;
+    let _ = bindings.delete(&binding, &Default::default()).await;
+}
+
+/// `curl` of the kubelet API with the admin certificate, verifying the
+/// server against the cluster CA (not `-k`): (ok, body or error).
+fn curl_verified(port: u16, path: &str) -> (bool, String) {
+    let pki = cluster_dir().join("pki");
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_serving_certificate_is_requested_and_served_once_approved() {
+    let admin = admin().await;
+    let name = unique_name("kl-serve");
+    let mut k = Kinglet::start(&name, &format!("{FAST_CONFIG}serverTLSBootstrap: true\n"));
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let signer = "kubernetes.io/kubelet-serving";
+    let csr = wait_for("the serving CSR", Duration::from_secs(30), || async {
+        csrs_of(&admin, &name, signer).await.into_iter().next()
+    })
+    .await;
+    let usages = csr.spec.usages.clone().unwrap_or_default();
+    assert!(usages.iter().any(|u| u == "server auth"), "{usages:?}");
+    // Not approved yet: no certificate to serve, so no TLS at all.
+    let (ok, out) = curl_verified(k.api_port, "/healthz");
+    assert!(!ok, "served before approval: {out}");
+    let csr_name = csr.metadata.name.clone().unwrap();
+    let (ok, out) = kubectl(&["certificate", "approve", &csr_name]);
+    assert!(ok, "{out}");
+    // Signed by the cluster's CA for 127.0.0.1 (curl checks both).
+    let body = wait_for("the approved certificate served", Duration::from_secs(30), || async {
+        let (ok, out) = curl_verified(k.api_port, "/healthz");
+        ok.then_some(out)
+    })
+    .await;
+    assert_eq!(body, "ok");
+    let current = k.dir.path().join("root/pki/kubelet-server-current.pem");
+    let (subject, issuer, _) = x509(&current);
+    assert!(subject.contains(&format!("system:node:{name}")), "{subject}");
+    assert!(issuer.contains("kinglet-test-ca"), "{issuer}");
+    // A restart serves the stored certificate without a new request.
+    k.terminate(Duration::from_secs(5));
+    k.spawn();
+    wait_for("served after a restart", Duration::from_secs(30), || async {
+        curl_verified(k.api_port, "/healthz").0.then_some(())
+    })
+    .await;
+    assert_eq!(csrs_of(&admin, &name, signer).await.len(), 1);
+}
+
+/// A self-signed pair with subject `CN=<cn>` written whole to `dir/<cn>.*`.
+fn openssl_pair(dir: &Path, cn: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (crt, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args(["-nodes", "-days", "1", "-subj", &format!("/CN={cn}"), "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (crt, key)
+}
+
+/// The subject of the certificate the kubelet API serves.
+fn served_subject(port: u16) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect 127.0.0.1:{port} </dev/null 2>/dev/null | openssl x509 -noout -subject"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn rewritten_serving_files_are_served_without_a_restart() {
+    let admin = admin().await;
+    let name = unique_name("kl-files");
+    let certs = tempfile::tempdir().unwrap();
+    let (crt1, key1) = openssl_pair(certs.path(), "kinglet-one");
+    let (crt, key) = (certs.path().join("tls.crt"), certs.path().join("tls.key"));
+    std::fs::copy(&crt1, &crt).unwrap();
+    std::fs::copy(&key1, &key).unwrap();
+    let mut k = Kinglet::start(
+        &name,
+        &format!(
+            "{FAST_CONFIG}tlsCertFile: {}\ntlsPrivateKeyFile: {}\n",
+            crt.display(),
+            key.display()
+        ),
+    );
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    assert!(served_subject(k.api_port).contains("kinglet-one"));
+    // Rotated as tools do: each file renamed over (the key first).
+    let (crt2, key2) = openssl_pair(certs.path(), "kinglet-two");
+    std::fs::rename(&key2, &key).unwrap();
+    std::fs::rename(&crt2, &crt).unwrap();
+    wait_for("the new certificate served", Duration::from_secs(10), || async {
+        served_subject(k.api_port).contains("kinglet-two").then_some(())
+    })
+    .await;
+    assert!(k.alive(), "kinglet restarted");
+}
