@@ -736,7 +736,52 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&run.stdout), "ran here\n");
+    kubectl_top(&node, &name).await;
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
+}
+
+/// Millicores and bytes from `kubectl top`'s `123m` and `45Mi` columns.
+fn top_figures(cpu: &str, mem: &str) -> (u64, u64) {
+    let cpu = cpu
+        .strip_suffix('m')
+        .map(|m| m.parse::<u64>().unwrap())
+        .unwrap_or_else(|| cpu.parse::<u64>().unwrap() * 1000);
+    let (n, unit) = mem.split_at(mem.find(|c: char| !c.is_ascii_digit()).unwrap_or(mem.len()));
+    let shift = match unit {
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => 0,
+    };
+    (cpu, n.parse::<u64>().unwrap() << shift)
+}
+
+/// `kubectl top node` and `kubectl top pod --containers` through the
+/// cluster's metrics-server (built from its Go module by
+/// tests/cluster/up.sh), which scrapes the node's `/metrics/resource`
+/// every 10 s and needs two scrapes for a CPU rate.
+async fn kubectl_top(node: &str, pod: &str) {
+    let row = wait_for("kubectl top node", Duration::from_secs(90), || async {
+        let (ok, out, _) = kubectl(&["top", "node", node, "--no-headers"]);
+        ok.then_some(out)
+    })
+    .await;
+    let f: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&node), "{row}");
+    let (cpu, mem) = top_figures(f[1], f[3]);
+    assert!(cpu > 0 && mem > 1 << 20, "{row}");
+    let row = wait_for("kubectl top pod", Duration::from_secs(90), || async {
+        let (ok, out, _) = kubectl(&["top", "pod", pod, "--containers", "--no-headers"]);
+        ok.then_some(out)
+    })
+    .await;
+    let f: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&f[..2], &[pod, "c"], "{row}");
+    // The container spins a whole core and holds 20 MiB.
+    let (cpu, mem) = top_figures(f[2], f[3]);
+    assert!(cpu >= 100, "{row}");
+    assert!(mem >= 20 << 20, "{row}");
+    eprintln!("figure: kubectl top pod {pod}: {cpu}m, {} MiB", mem >> 20);
 }

@@ -6,7 +6,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
-for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for name in metrics-server kube-scheduler kube-controller-manager kube-apiserver etcd; do
   if running "$name"; then
     pid=$(cat "$PIDS/$name.pid")
     kill "$pid" 2>/dev/null

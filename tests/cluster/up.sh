@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts the loopback control plane (etcd, kube-apiserver, kube-scheduler,
-# kube-controller-manager) under $KINGLET_CLUSTER_DIR, building it first if
+# kube-controller-manager) and the metrics-server add-on under $KINGLET_CLUSTER_DIR, building it first if
 # needed. Idempotent: components already running are left alone, dead ones
 # are started again on the data they had. Writes admin.kubeconfig.
 set -euo pipefail
@@ -8,6 +8,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
 bin=$("$here/build.sh" | tail -n1)
+metrics_server=$("$here/build-metrics-server.sh" | tail -n1)
 mkdir -p "$PKI" "$PIDS" "$LOGS" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubeconfigs"
 chmod 700 "$CLUSTER_DIR"
 
@@ -25,6 +26,8 @@ sign admin kinglet-admin system:masters
 sign apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
 sign controller-manager system:kube-controller-manager ""
 sign scheduler system:kube-scheduler ""
+# The aggregator's client certificate (what it proxies metrics.k8s.io with).
+sign front-proxy-client front-proxy-client ""
 if [ ! -s "$PKI/sa.key" ]; then
   openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$PKI/sa.key" 2>/dev/null
   openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
@@ -35,9 +38,10 @@ kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" scheduler system:kube
 
 # start NAME ARGS...: runs a component in its own session, logging to a file.
 start() {
-  local name=$1; shift
+  local name=$1 exe=$bin/$1; shift
+  [ "$name" = metrics-server ] && exe=$metrics_server
   running "$name" && return 0
-  setsid "$bin/$name" "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  setsid "$exe" "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
   echo $! > "$PIDS/$name.pid"
 }
 
@@ -89,7 +93,11 @@ start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-  --enable-bootstrap-token-auth --profiling=false --v 1
+  --enable-bootstrap-token-auth --profiling=false --v 1 \
+  --requestheader-client-ca-file "$PKI/ca.crt" --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key"
 wait_for kube-apiserver kubectl --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" get --raw /readyz
 
 start kube-controller-manager --kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-manager.kubeconfig" \
@@ -106,6 +114,34 @@ start kube-scheduler --kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig
   --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false --v 1
 wait_for kube-controller-manager curl -fsSk "https://127.0.0.1:$KCM_PORT/healthz"
 wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+# metrics-server, as the add-on `kubectl top` reads: it scrapes each node's
+# /metrics/resource on the port the node reports (kinglet's self-signed
+# serving certificate: not verified, as kind and k3d set it up); the
+# aggregator reaches it through an ExternalName service (loopback IPs are
+# not valid endpoints).
+admin_kc=$CLUSTER_DIR/admin.kubeconfig
+start metrics-server --kubeconfig "$admin_kc" --authentication-kubeconfig "$admin_kc" \
+  --authorization-kubeconfig "$admin_kc" --bind-address 127.0.0.1 --secure-port "$METRICS_SERVER_PORT" \
+  --cert-dir "$CLUSTER_DIR/metrics-server" --kubelet-insecure-tls --kubelet-use-node-status-port \
+  --kubelet-preferred-address-types InternalIP --metric-resolution 10s --v 1
+kubectl --kubeconfig "$admin_kc" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: metrics-server, namespace: kube-system}
+spec: {type: ExternalName, externalName: localhost}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1beta1.metrics.k8s.io}
+spec:
+  group: metrics.k8s.io
+  version: v1beta1
+  service: {name: metrics-server, namespace: kube-system, port: $METRICS_SERVER_PORT}
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 100
+  versionPriority: 100
+YAML
+wait_for metrics.k8s.io kubectl --kubeconfig "$admin_kc" get --raw /apis/metrics.k8s.io/v1beta1
 # Pods can only be created once the default service account exists.
 wait_for "default service account" kubectl --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" -n default get serviceaccount default
 echo "$CLUSTER_DIR/admin.kubeconfig"

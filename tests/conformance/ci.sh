@@ -11,7 +11,7 @@ rm -rf target/conformance-ci
 focus=$(grep -v '^\s*#' tests/conformance/ci-specs.txt | grep -v '^\s*$' | paste -sd'|')
 export KINGLET_CLUSTER_DIR=/tmp/kinglet-conformance-ci
 export KINGLET_ETCD_PORT=14379 KINGLET_ETCD_PEER_PORT=14380 KINGLET_APISERVER_PORT=18443
-export KINGLET_KCM_PORT=22257 KINGLET_SCHEDULER_PORT=22259
+export KINGLET_KCM_PORT=22257 KINGLET_SCHEDULER_PORT=22259 KINGLET_METRICS_SERVER_PORT=22443
 export KINGLET_CONFORMANCE_BRIDGE=kcfci0 KINGLET_CONFORMANCE_SUBNET=10.244.78.0/24
 export KINGLET_BIN=${KINGLET_BIN:-target/debug/kinglet}
 export KINGLET_CONFORMANCE_OUT=target/conformance-ci
