@@ -1,10 +1,13 @@
 //! End to end: the kubelet API on a node joined to the real control plane,
 //! through the real apiserver and the real `kubectl`, on both runtimes:
 //! `kubectl logs` (plain, `--tail`, `--timestamps`, `--limit-bytes`,
-//! `--since`, `--previous`, `-f` until the container exits), `/pods`,
-//! `/healthz` and `/configz` with a client certificate of the cluster's CA, and the
-//! negatives: no credentials → 401, a bad token → 401, a ServiceAccount
-//! token without RBAC → 403, TLS 1.1 refused.
+//! `--since`, `--previous`, `-f` until the container exits), `kubectl
+//! exec` (with its exit code, and on a terminal driven by a pty), `kubectl
+//! attach`, `kubectl port-forward`, `kubectl top` through the cluster's
+//! metrics-server, `/stats/summary`, `/metrics*`, `/statusz`, `/flagz`,
+//! `/run`, `/pods`, `/healthz` and `/configz` with a client certificate of
+//! the cluster's CA, and the negatives: no credentials → 401, a bad token
+//! → 401, a ServiceAccount token without RBAC → 403, TLS 1.1 refused.
 
 mod common;
 
@@ -21,16 +24,9 @@ crate::both_runtimes!(
     kubectl_exec,
     kubectl_exec_on_a_terminal,
     kubectl_port_forward,
+    kubectl_attach,
     stats_summary_and_resource_metrics_measure_the_pods
 );
-
-// Attach needs the container's own stdin, which only containerd keeps so
-// far (the in-process monitor writes container output to the log and
-// holds no stdin: README, "not built yet").
-#[tokio::test]
-async fn kubectl_attach_reaches_the_containers_own_stdin_and_stdout() {
-    kubectl_attach(Rt::Cri).await
-}
 
 const BB: &str = "kinglet.test/busybox:1";
 

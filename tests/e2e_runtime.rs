@@ -64,6 +64,8 @@ async fn run(
             log_path: dir.join("logs").join(id).join("0.log"),
             log_max_size: 10 << 20,
             log_max_files: 5,
+            stdin: false,
+            stdin_once: false,
         })
         .await
         .unwrap();

@@ -1,10 +1,11 @@
 //! The kubelet API on `address:port` (10250), as upstream's
 //! `pkg/kubelet/server`: HTTPS (rustls with ring: TLS 1.2 and 1.3, ring's
 //! default suites, all AEAD with forward secrecy), every request
-//! authenticated and authorized ([`auth`]), then routed. Built so far:
-//! `/healthz`, `/pods`, `/configz` and `/containerLogs` ([`logs`]) — what
-//! the apiserver proxies for `kubectl logs`. Exec, attach, port-forward, stats and
-//! metrics come next.
+//! authenticated and authorized ([`auth`]), then routed: `/healthz`,
+//! `/pods`, `/configz`, `/containerLogs` ([`logs`]), `/exec`, `/attach`,
+//! `/run` ([`exec`], over [`ws`]), `/portForward` ([`portforward`]),
+//! `/stats/summary` and `/metrics/resource` ([`stats`]), `/metrics`,
+//! `/metrics/probes`, `/statusz` and `/flagz` ([`zpages`]).
 //!
 //! The serving certificate comes from [`crate::certificate::serving`]
 //! (files reloaded on change, `serverTLSBootstrap`, or self-signed).

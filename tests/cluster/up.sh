@@ -123,7 +123,7 @@ admin_kc=$CLUSTER_DIR/admin.kubeconfig
 start metrics-server --kubeconfig "$admin_kc" --authentication-kubeconfig "$admin_kc" \
   --authorization-kubeconfig "$admin_kc" --bind-address 127.0.0.1 --secure-port "$METRICS_SERVER_PORT" \
   --cert-dir "$CLUSTER_DIR/metrics-server" --kubelet-insecure-tls --kubelet-use-node-status-port \
-  --kubelet-preferred-address-types InternalIP --metric-resolution 10s --v 1
+  --kubelet-preferred-address-types InternalIP --metric-resolution 10s --kubelet-request-timeout 5s --v 1
 kubectl --kubeconfig "$admin_kc" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Service

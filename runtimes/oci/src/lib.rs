@@ -367,6 +367,48 @@ impl OciRuntime {
         })
     }
 
+    /// An attach: two pipes the monitor copies the container's output
+    /// into, and its stdin pipe when it has one (and the caller asks). The
+    /// session ends when the container's output does (its exit); leaving
+    /// early closes the pipes, and the monitor drops them.
+    async fn attach_session(
+        &self,
+        id: &str,
+        opts: &ExecOptions,
+    ) -> Result<ExecSession, RuntimeError> {
+        use tokio::net::unix::pipe;
+        let io = |e: std::io::Error| RuntimeError::Other(format!("attach pipes: {e}"));
+        let mk =
+            || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| io(e.into()));
+        let (out_r, out_w) = mk()?;
+        let (err_r, err_w) = mk()?;
+        // Room for bursts: the monitor drops a reader it cannot write to.
+        for w in [&out_w, &err_w] {
+            let _ = rustix::pipe::fcntl_setpipe_size(w, 1 << 20);
+        }
+        let stdin = self
+            .monitor
+            .attach(id, [out_w, err_w])
+            .await
+            .map_err(|e| match e {
+                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
+                e => RuntimeError::Other(e.to_string()),
+            })?;
+        let stdin = match stdin.filter(|_| opts.stdin) {
+            Some(w) => Some(Box::pin(pipe::Sender::from_owned_fd(w).map_err(io)?)
+                as kinglet_runtime::exec::Writer),
+            None => None,
+        };
+        Ok(ExecSession {
+            stdin,
+            stdout: Some(Box::pin(pipe::Receiver::from_owned_fd(out_r).map_err(io)?)),
+            stderr: Some(Box::pin(pipe::Receiver::from_owned_fd(err_r).map_err(io)?)),
+            resize: None,
+            // No exit code of its own: the streams' end is the session's.
+            exit: Box::pin(async { Ok(0) }),
+        })
+    }
+
     /// An exec on a terminal: its output on stdout, its input on stdin (if
     /// asked for), window sizes applied to it.
     async fn exec_tty(&self, id: &str, opts: &ExecOptions) -> Result<ExecSession, RuntimeError> {
@@ -924,6 +966,8 @@ impl Runtime for OciRuntime {
                 log_path,
                 log_max_size: self.log_rotation.0,
                 log_max_files: self.log_rotation.1,
+                stdin: cfg.stdin,
+                stdin_once: cfg.stdin_once,
             };
             if let Err(e) = self.monitor.record(&req).await {
                 self.teardown_container_dir(&id).await;
@@ -967,6 +1011,14 @@ impl Runtime for OciRuntime {
         opts: &'a ExecOptions,
     ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
         Box::pin(self.exec_session(id, opts))
+    }
+
+    fn attach<'a>(
+        &'a self,
+        id: &'a str,
+        opts: &'a ExecOptions,
+    ) -> BoxFuture<'a, Result<ExecSession, RuntimeError>> {
+        Box::pin(self.attach_session(id, opts))
     }
 
     fn port_forward<'a>(

@@ -13,7 +13,9 @@
 //! stdin, stdout and stderr as file descriptors (`SCM_RIGHTS`), so its
 //! output flows straight to kinglet and never through the monitor; the
 //! connection then stays open for the exit code, and closing it early kills
-//! the process.
+//! the process. An `attach` request sends two pipes that get copies of a
+//! container's output from then on, and gets back the container's stdin
+//! pipe (held by the monitor for containers created with `stdin`).
 
 pub mod logs;
 pub mod server;
@@ -38,6 +40,14 @@ pub enum Request {
         log_path: PathBuf,
         log_max_size: u64,
         log_max_files: u32,
+        /// The pod spec's `stdin`: the container reads a pipe the monitor
+        /// holds for attaches (else `/dev/null`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin: bool,
+        /// `stdinOnce`: the first attach takes the pipe; when it ends the
+        /// container reads end of file.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stdin_once: bool,
     },
     Start {
         id: String,
@@ -67,6 +77,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         tty: bool,
     },
+    /// Attaches to running container `id`: the two file descriptors sent
+    /// with the request (pipes' write ends) receive copies of its stdout
+    /// and stderr from now on, until it exits or a copy cannot be written
+    /// at once (a reader that fell behind is dropped, the monitor never
+    /// waits); answers [`Response::Attached`] with the container's stdin
+    /// pipe attached when it has one.
+    Attach { id: String },
     /// Stops the monitor; refused while it has containers.
     Exit,
 }
@@ -129,6 +146,10 @@ pub enum Response {
     },
     Exited {
         exit_code: i32,
+    },
+    Attached {
+        /// The write end of the container's stdin comes with the answer.
+        stdin: bool,
     },
     Error {
         message: String,
@@ -425,6 +446,38 @@ impl Client {
                 let conn = BufReader::new(s);
                 Ok((ExecHandle { pid, conn }, master))
             }
+            Ok(Response::Error { message, kind }) => Err(match kind {
+                ErrorKind::NotFound => MonitorError::NotFound(message),
+                _ => MonitorError::Failed(message),
+            }),
+            _ if out.is_empty() => Err(MonitorError::Failed(
+                "connection closed without an answer".into(),
+            )),
+            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        }
+    }
+
+    /// Attaches `taps` (stdout's and stderr's receiving ends' writers) to
+    /// container `id`; returns the container's stdin when it has one.
+    pub async fn attach(
+        &self,
+        id: &str,
+        taps: [OwnedFd; 2],
+    ) -> Result<Option<OwnedFd>, MonitorError> {
+        let req = Request::Attach { id: id.into() };
+        let mut line = serde_json::to_vec(&req).map_err(|e| MonitorError::Failed(e.to_string()))?;
+        line.push(b'\n');
+        let s = tokio::net::UnixStream::connect(&self.sock)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        let fds: Vec<BorrowedFd<'_>> = taps.iter().map(|f| f.as_fd()).collect();
+        send_with_fds(&s, &line, &fds)
+            .await
+            .map_err(|e| self.io_error(e))?;
+        drop(taps);
+        let (out, mut fds) = recv_line_with_fds(&s).await.map_err(|e| self.io_error(e))?;
+        match serde_json::from_slice(&out) {
+            Ok(Response::Attached { stdin }) => Ok(stdin.then(|| fds.pop()).flatten()),
             Ok(Response::Error { message, kind }) => Err(match kind {
                 ErrorKind::NotFound => MonitorError::NotFound(message),
                 _ => MonitorError::Failed(message),

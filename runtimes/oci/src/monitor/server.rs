@@ -42,6 +42,18 @@ struct Monitor {
     watchers: Vec<UnixStream>,
     /// Exec'd processes by pid, with the connection waiting for the exit.
     execs: Vec<(i32, UnixStream)>,
+    /// The write ends of containers' stdin pipes (`stdin: true`), with
+    /// `stdinOnce`.
+    stdins: HashMap<String, (OwnedFd, bool)>,
+    /// Attached readers: copies of one container stream.
+    taps: Vec<Tap>,
+}
+
+/// One attached reader of a container's stdout or stderr.
+struct Tap {
+    id: String,
+    name: &'static str,
+    fd: OwnedFd,
 }
 
 /// Serves `dir` unless a monitor already does. Binds the socket, then forks:
@@ -94,6 +106,8 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
         logs: HashMap::new(),
         watchers: Vec::new(),
         execs: Vec::new(),
+        stdins: HashMap::new(),
+        taps: Vec::new(),
     };
     m.load();
     eprintln!(
@@ -211,6 +225,15 @@ fn recv(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::R
         }
     }
     Ok(r.bytes)
+}
+
+/// Writes a chunk of a container's output to its attached readers; one
+/// that cannot take the whole chunk now (it fell behind, or went away) is
+/// dropped: the monitor never blocks on a reader.
+fn copy_to_taps(taps: &mut Vec<Tap>, id: &str, name: &str, chunk: &[u8]) {
+    taps.retain(|t| {
+        t.id != id || t.name != name || matches!(rustix::io::write(&t.fd, chunk), Ok(n) if n == chunk.len())
+    });
 }
 
 fn pollfd(fd: std::os::fd::RawFd) -> libc::pollfd {
@@ -367,6 +390,7 @@ impl Monitor {
                             let name = s.name;
                             s.split.feed(&buf[..n], |p, l| log.record(name, p, l));
                         }
+                        copy_to_taps(&mut self.taps, &s.id, s.name, &buf[..n]);
                     }
                     Err(rustix::io::Errno::AGAIN) => break,
                     Err(rustix::io::Errno::INTR) => continue,
@@ -379,6 +403,8 @@ impl Monitor {
         }
         for i in closed.into_iter().rev() {
             let mut s = self.streams.remove(i);
+            // The stream ended: its readers see the end too.
+            self.taps.retain(|t| !(t.id == s.id && t.name == s.name));
             if let Some(log) = self.logs.get_mut(&s.id) {
                 let name = s.name;
                 s.split.finish(|p, l| log.record(name, p, l));
@@ -463,6 +489,33 @@ impl Monitor {
             .map_err(|e| Box::new(failed(e.to_string())))
     }
 
+    /// Adds the two taps sent with an attach; returns the stdin to send
+    /// back (the pipe itself with `stdinOnce`, else a copy).
+    fn attach(
+        &mut self,
+        id: &str,
+        fds: Vec<OwnedFd>,
+    ) -> Result<Option<OwnedFd>, Box<Response>> {
+        self.running_bundle(id)?;
+        let Ok([out, err]) = <[OwnedFd; 2]>::try_from(fds) else {
+            return Err(Box::new(failed(
+                "attach needs two file descriptors (stdout, stderr)".into(),
+            )));
+        };
+        for fd in [&out, &err] {
+            rustix::io::ioctl_fionbio(fd, true).map_err(|e| Box::new(failed(format!("attach: {e}"))))?;
+        }
+        for (fd, name) in [(out, "stdout"), (err, "stderr")] {
+            self.taps.push(Tap { id: id.into(), name, fd });
+        }
+        let stdin = match self.stdins.get(id) {
+            Some((_, true)) => self.stdins.remove(id).map(|(w, _)| w),
+            Some((w, false)) => w.try_clone().ok(),
+            None => None,
+        };
+        Ok(stdin)
+    }
+
     /// Answers the requests of the clients that are ready. A `watch` turns
     /// its connection into a watcher at once (anything it sent after the
     /// request is ignored: the connection is a stream from then on).
@@ -484,7 +537,7 @@ impl Monitor {
                 let req = serde_json::from_slice::<Request>(&line);
                 let watch = matches!(req, Ok(Request::Watch));
                 let mut exec_pid = None;
-                let mut terminal: Option<OwnedFd> = None;
+                let mut send_fd: Option<OwnedFd> = None;
                 let resp = match req {
                     Ok(Request::Exec {
                         id,
@@ -493,11 +546,23 @@ impl Monitor {
                     }) => match self.exec_tty(&id, args) {
                         Ok((pid, master)) => {
                             exec_pid = Some(pid);
-                            terminal = Some(master);
+                            send_fd = Some(master);
                             Response::Exec { pid }
                         }
                         Err(r) => *r,
                     },
+                    Ok(Request::Attach { id }) => {
+                        match self.attach(&id, std::mem::take(&mut c.fds)) {
+                            Ok(stdin) => {
+                                let r = Response::Attached {
+                                    stdin: stdin.is_some(),
+                                };
+                                send_fd = stdin;
+                                r
+                            }
+                            Err(r) => *r,
+                        }
+                    }
                     Ok(Request::Exec { id, args, .. }) => {
                         match self.exec(&id, args, std::mem::take(&mut c.fds)) {
                             Ok(pid) => {
@@ -515,7 +580,7 @@ impl Monitor {
                 let mut out = serde_json::to_vec(&resp).unwrap_or_default();
                 out.push(b'\n');
                 let _ = c.sock.set_nonblocking(false);
-                match terminal.take() {
+                match send_fd.take() {
                     Some(t) => send_with_fd(&c.sock, &out, &t),
                     None => {
                         let _ = c.sock.write_all(&out);
@@ -591,6 +656,8 @@ impl Monitor {
             self.persist(&id);
         }
         for id in exited {
+            // Nothing reads its stdin any more.
+            self.stdins.remove(&id);
             self.announce(&id, "exited");
         }
     }
@@ -600,6 +667,7 @@ impl Monitor {
             Request::Ping | Request::Watch => Response::Ok,
             // Served by serve_clients, which has the request's fds.
             Request::Exec { .. } => failed("exec without its file descriptors".into()),
+            Request::Attach { .. } => failed("attach without its file descriptors".into()),
             Request::Exit => self.exit(),
             Request::List => Response::Records {
                 records: self.records.values().cloned().collect(),
@@ -614,7 +682,12 @@ impl Monitor {
                 log_path,
                 log_max_size,
                 log_max_files,
-            } => self.create(id, bundle, log_path, log_max_size, log_max_files),
+                stdin,
+                stdin_once,
+            } => {
+                let stdin = stdin.then_some(stdin_once);
+                self.create(id, bundle, log_path, (log_max_size, log_max_files), stdin)
+            }
             Request::Start { id } => self.start(&id),
             Request::Kill { id, signal } => match self.records.get(&id) {
                 None => not_found(&id),
@@ -642,13 +715,15 @@ impl Monitor {
 
     /// Creates the container with its output on two pipes the poll loop
     /// reads into its log.
+    /// `stdin`: whether the container reads a pipe the monitor holds, and
+    /// if so whether only once (`stdinOnce`).
     fn create(
         &mut self,
         id: String,
         bundle: PathBuf,
         log_path: PathBuf,
-        log_max_size: u64,
-        log_max_files: u32,
+        (log_max_size, log_max_files): (u64, u32),
+        stdin: Option<bool>,
     ) -> Response {
         if self.records.contains_key(&id) {
             return Response::Error {
@@ -662,9 +737,17 @@ impl Monitor {
             for fd in [&or, &er] {
                 rustix::io::ioctl_fionbio(fd, true)?;
             }
-            Ok((or, ow, er, ew, std::fs::File::open("/dev/null")?))
+            // The container's stdin: a pipe whose write end stays here.
+            let input: (OwnedFd, Option<OwnedFd>) = match stdin {
+                Some(_) => {
+                    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+                    (r, Some(w))
+                }
+                None => (std::fs::File::open("/dev/null")?.into(), None),
+            };
+            Ok((or, ow, er, ew, input))
         })();
-        let (or, ow, er, ew, null) = match pipes {
+        let (or, ow, er, ew, (input, input_w)) = match pipes {
             Ok(p) => p,
             Err(e) => return failed(format!("pipes: {e}")),
         };
@@ -673,7 +756,7 @@ impl Monitor {
             Err(e) => return failed(format!("log {}: {e}", log_path.display())),
         };
         let oom_file = oom_file_for(&bundle);
-        let pid = match container::create(&self.state_root, &id, &bundle, null.into(), ow, ew) {
+        let pid = match container::create(&self.state_root, &id, &bundle, input, ow, ew) {
             Ok(p) => p,
             Err(e) => return failed(e.to_string()),
         };
@@ -691,6 +774,9 @@ impl Monitor {
         };
         self.pids.insert(pid, id.clone());
         self.logs.insert(id.clone(), log);
+        if let (Some(w), Some(once)) = (input_w, stdin) {
+            self.stdins.insert(id.clone(), (w, once));
+        }
         for (fd, name) in [(or, "stdout"), (er, "stderr")] {
             self.streams.push(Stream {
                 fd,
@@ -734,6 +820,8 @@ impl Monitor {
             self.pids.remove(&r.pid);
         }
         self.streams.retain(|s| s.id != id);
+        self.taps.retain(|t| t.id != id);
+        self.stdins.remove(id);
         self.logs.remove(id);
         let _ = std::fs::remove_file(self.record_path(id));
         self.announce(id, "deleted");
