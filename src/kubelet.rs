@@ -268,7 +268,9 @@ impl Kubelet {
         let pair = cc::kubeconfig_pair(&client_cfg, path);
         let (true, Some(pair)) = (s.config.rotate_certificates, pair) else {
             if s.config.rotate_certificates {
-                info!("rotateCertificates: the kubeconfig authenticates without a client certificate; nothing to rotate");
+                info!(
+                    "rotateCertificates: the kubeconfig authenticates without a client certificate; nothing to rotate"
+                );
             }
             let client = kube::Client::try_from(client_cfg)
                 .with_context(|| format!("cannot build an API client from {}", path.display()))?;
@@ -309,7 +311,9 @@ impl Kubelet {
             let current = store.load().filter(|p| p.valid_for(0));
             let served = serving::ServingCert::new(current.as_ref());
             if current.is_none() {
-                info!("serverTLSBootstrap: no serving certificate yet; the kubelet API refuses TLS until the one requested is approved");
+                info!(
+                    "serverTLSBootstrap: no serving certificate yet; the kubelet API refuses TLS until the one requested is approved"
+                );
             }
             let apply = served.clone();
             let rotator = cert::Rotator {
@@ -324,7 +328,10 @@ impl Kubelet {
             return Ok(served);
         }
         if !cfg.tls_cert_file.is_empty() && !cfg.tls_private_key_file.is_empty() {
-            let (crt, key) = (cfg.tls_cert_file.as_ref(), cfg.tls_private_key_file.as_ref());
+            let (crt, key) = (
+                cfg.tls_cert_file.as_ref(),
+                cfg.tls_private_key_file.as_ref(),
+            );
             let (served, reload) = serving::from_files(crt, key, self.shutdown.clone())?;
             self.spawn(reload);
             return Ok(served);

@@ -30,8 +30,8 @@ fn now() -> u64 {
 /// seconds) for `lifetime` seconds: (certificate PEM, key PEM).
 fn node_cert(name: &str, start: u64, lifetime: u64) -> (String, String) {
     let pki = cluster_dir().join("pki");
-    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap())
-        .unwrap();
+    let ca_key =
+        rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
     let mut ca = rcgen::CertificateParams::default();
     ca.distinguished_name = rcgen::DistinguishedName::new();
     ca.distinguished_name
@@ -61,7 +61,11 @@ fn x509(path: &Path) -> (String, String, u64) {
         .arg(path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let field = |k: &str| {
         text.lines()
@@ -75,7 +79,10 @@ fn x509(path: &Path) -> (String, String, u64) {
         .args(["-d", &end, "+%s"])
         .output()
         .unwrap();
-    let secs: u64 = String::from_utf8_lossy(&secs.stdout).trim().parse().unwrap();
+    let secs: u64 = String::from_utf8_lossy(&secs.stdout)
+        .trim()
+        .parse()
+        .unwrap();
     (field("subject="), field("issuer="), secs)
 }
 
@@ -102,7 +109,9 @@ async fn csrs_of(admin: &kube::Client, node: &str, signer: &str) -> Vec<Certific
     let user = format!("system:node:{node}");
     let all = api.list(&Default::default()).await.unwrap().items;
     all.into_iter()
-        .filter(|c| c.spec.username.as_deref() == Some(user.as_str()) && c.spec.signer_name == signer)
+        .filter(|c| {
+            c.spec.username.as_deref() == Some(user.as_str()) && c.spec.signer_name == signer
+        })
         .collect()
 }
 
@@ -110,7 +119,10 @@ fn approved(c: &CertificateSigningRequest) -> bool {
     c.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|x| x.type_ == "Approved" && x.status == "True"))
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|x| x.type_ == "Approved" && x.status == "True")
+        })
 }
 
 #[tokio::test]
@@ -156,14 +168,22 @@ async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() 
     // Renewed: a certificate of the cluster's CA for the same node, in
     // upstream's place, requested by the node itself and approved.
     let current = k.dir.path().join("root/pki/kubelet-client-current.pem");
-    wait_for("the renewed client certificate", Duration::from_secs(90), || async {
-        current.exists().then_some(())
-    })
+    wait_for(
+        "the renewed client certificate",
+        Duration::from_secs(90),
+        || async { current.exists().then_some(()) },
+    )
     .await;
     let (subject, issuer, end) = x509(&current);
-    assert!(subject.contains(&format!("system:node:{name}")), "{subject}");
+    assert!(
+        subject.contains(&format!("system:node:{name}")),
+        "{subject}"
+    );
     assert!(issuer.contains("kinglet-test-ca"), "{issuer}");
-    assert!(end > old_end + 3600, "the new certificate is short-lived too");
+    assert!(
+        end > old_end + 3600,
+        "the new certificate is short-lived too"
+    );
     let mine = csrs_of(&admin, &name, "kubernetes.io/kube-apiserver-client-kubelet").await;
     assert!(mine.iter().any(approved), "{mine:?}");
     let log = k.log();
@@ -187,13 +207,20 @@ async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() 
     }))
     .unwrap();
     pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs after the old certificate expired", Duration::from_secs(60), || async {
-        let p = pods.get(&pod_name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
+    wait_for(
+        "the pod runs after the old certificate expired",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get(&pod_name).await.ok()?;
+            (p.status?.phase? == "Running").then_some(())
+        },
+    )
     .await;
     let log = k.log();
-    assert!(!log.contains("Unauthorized"), "requests were refused: {log}");
+    assert!(
+        !log.contains("Unauthorized"),
+        "requests were refused: {log}"
+    );
     delete_pods(&pods, &[pod_name]).await;
     let _ = bindings.delete(&binding, &Default::default()).await;
 }
@@ -243,22 +270,31 @@ async fn a_serving_certificate_is_requested_and_served_once_approved() {
     let (ok, out) = kubectl(&["certificate", "approve", &csr_name]);
     assert!(ok, "{out}");
     // Signed by the cluster's CA for 127.0.0.1 (curl checks both).
-    let body = wait_for("the approved certificate served", Duration::from_secs(30), || async {
-        let (ok, out) = curl_verified(k.api_port, "/healthz");
-        ok.then_some(out)
-    })
+    let body = wait_for(
+        "the approved certificate served",
+        Duration::from_secs(30),
+        || async {
+            let (ok, out) = curl_verified(k.api_port, "/healthz");
+            ok.then_some(out)
+        },
+    )
     .await;
     assert_eq!(body, "ok");
     let current = k.dir.path().join("root/pki/kubelet-server-current.pem");
     let (subject, issuer, _) = x509(&current);
-    assert!(subject.contains(&format!("system:node:{name}")), "{subject}");
+    assert!(
+        subject.contains(&format!("system:node:{name}")),
+        "{subject}"
+    );
     assert!(issuer.contains("kinglet-test-ca"), "{issuer}");
     // A restart serves the stored certificate without a new request.
     k.terminate(Duration::from_secs(5));
     k.spawn();
-    wait_for("served after a restart", Duration::from_secs(30), || async {
-        curl_verified(k.api_port, "/healthz").0.then_some(())
-    })
+    wait_for(
+        "served after a restart",
+        Duration::from_secs(30),
+        || async { curl_verified(k.api_port, "/healthz").0.then_some(()) },
+    )
     .await;
     assert_eq!(csrs_of(&admin, &name, signer).await.len(), 1);
 }
@@ -267,14 +303,32 @@ async fn a_serving_certificate_is_requested_and_served_once_approved() {
 fn openssl_pair(dir: &Path, cn: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let (crt, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
-        .args(["-nodes", "-days", "1", "-subj", &format!("/CN={cn}"), "-keyout"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args([
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/CN={cn}"),
+            "-keyout",
+        ])
         .arg(&key)
         .arg("-out")
         .arg(&crt)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (crt, key)
 }
 
@@ -314,9 +368,15 @@ async fn rewritten_serving_files_are_served_without_a_restart() {
     let (crt2, key2) = openssl_pair(certs.path(), "kinglet-two");
     std::fs::rename(&key2, &key).unwrap();
     std::fs::rename(&crt2, &crt).unwrap();
-    wait_for("the new certificate served", Duration::from_secs(10), || async {
-        served_subject(k.api_port).contains("kinglet-two").then_some(())
-    })
+    wait_for(
+        "the new certificate served",
+        Duration::from_secs(10),
+        || async {
+            served_subject(k.api_port)
+                .contains("kinglet-two")
+                .then_some(())
+        },
+    )
     .await;
     assert!(k.alive(), "kinglet restarted");
 }

@@ -61,7 +61,12 @@ impl rustls::client::ResolvesClientCert for ClientCert {
         _root_hint_subjects: &[&[u8]],
         _sigschemes: &[rustls::SignatureScheme],
     ) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.read().unwrap_or_else(|e| e.into_inner()).clone())
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
     }
 
     fn has_certs(&self) -> bool {
@@ -109,7 +114,11 @@ pub fn build(config: &kube::Config, cert: Arc<ClientCert>) -> Result<kube::Clien
         Some(n) => Some(n.clone().try_into().map_err(|e| err(&e))?),
         None => None,
     };
-    let (connect, read, write) = (config.connect_timeout, config.read_timeout, config.write_timeout);
+    let (connect, read, write) = (
+        config.connect_timeout,
+        config.read_timeout,
+        config.write_timeout,
+    );
     let make = move || -> Hyper {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -126,7 +135,8 @@ pub fn build(config: &kube::Config, cert: Arc<ClientCert>) -> Result<kube::Clien
                 rustls::pki_types::ServerName::clone(name),
             ));
         }
-        let mut timed = hyper_timeout::TimeoutConnector::new(https.enable_http1().wrap_connector(http));
+        let mut timed =
+            hyper_timeout::TimeoutConnector::new(https.enable_http1().wrap_connector(http));
         timed.set_connect_timeout(connect);
         timed.set_read_timeout(read);
         timed.set_write_timeout(write);

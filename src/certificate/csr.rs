@@ -99,14 +99,19 @@ pub async fn request(
         .map_err(|e| req_err(format!("creating a {} request: {e}", t.signer)))?;
     let name = created.metadata.name.unwrap_or_default();
     info!(csr = %name, signer = t.signer, "waiting for the certificate to be approved and signed");
-    let done = kube::runtime::wait::await_condition(api, &name, |c: Option<&CertificateSigningRequest>| {
-        c.and_then(|c| c.status.as_ref()).is_some_and(|s| {
-            s.certificate.as_ref().is_some_and(|c| !c.0.is_empty())
-                || s.conditions.iter().flatten().any(|c| {
-                    (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True"
-                })
-        })
-    });
+    let done = kube::runtime::wait::await_condition(
+        api,
+        &name,
+        |c: Option<&CertificateSigningRequest>| {
+            c.and_then(|c| c.status.as_ref()).is_some_and(|s| {
+                s.certificate.as_ref().is_some_and(|c| !c.0.is_empty())
+                    || s.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+            })
+        },
+    );
     let got = tokio::time::timeout(Duration::from_secs(15 * 60), done)
         .await
         .map_err(|_| req_err(format!("{name} not signed within 15 minutes")))?
@@ -135,7 +140,10 @@ mod tests {
     #[test]
     fn a_serving_request_names_the_node_and_its_addresses() {
         let key = rcgen::KeyPair::generate().unwrap();
-        let t = Template::serving("edge-1", vec!["edge-1".into(), "10.0.0.7".into(), "_".into()]);
+        let t = Template::serving(
+            "edge-1",
+            vec!["edge-1".into(), "10.0.0.7".into(), "_".into()],
+        );
         let pem = t.request_pem(&key).unwrap();
         assert!(pem.starts_with("-----BEGIN CERTIFICATE REQUEST-----"));
         let der = rustls::pki_types::pem::PemObject::from_pem_slice(pem.as_bytes())

@@ -136,5 +136,4 @@ mod tests {
         assert!(start < want);
         assert_eq!(not_after(b"garbage"), None);
     }
-
 }

@@ -76,12 +76,14 @@ impl Pair {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
             .collect::<Result<_, _>>()
             .map_err(|e| file_err(what, e))?;
-        let first = chain.first().ok_or_else(|| file_err(what, "no certificate"))?;
+        let first = chain
+            .first()
+            .ok_or_else(|| file_err(what, "no certificate"))?;
         let (not_before, not_after) =
             der::validity(first).ok_or_else(|| file_err(what, "unreadable validity"))?;
         let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| file_err(what, e))?;
-        let signer = rustls::crypto::ring::sign::any_supported_type(&key)
-            .map_err(|e| file_err(what, e))?;
+        let signer =
+            rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| file_err(what, e))?;
         let key = CertifiedKey::new(chain, signer);
         // A certificate rewritten before its key (a rotation in progress)
         // is no pair yet.
@@ -220,7 +222,8 @@ impl Rotator {
     pub async fn run(self, mut current: Option<Pair>, stop: CancellationToken) {
         let kind = self.kind.name();
         let events = NodeEvents::new(&self.client, &self.template.node);
-        let mut backoff = crate::backoff::Backoff::new(Duration::from_secs(2), Duration::from_secs(300));
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_secs(2), Duration::from_secs(300));
         loop {
             let deadline = match &current {
                 Some(p) => {
@@ -281,11 +284,17 @@ impl Rotator {
         let left = p.not_after - now();
         let tenth = (p.not_after - p.not_before) / 10;
         if left <= 0 {
-            let msg = format!("the kubelet {kind} certificate expired at {}; renewal failed: {e}", ts(p.not_after));
+            let msg = format!(
+                "the kubelet {kind} certificate expired at {}; renewal failed: {e}",
+                ts(p.not_after)
+            );
             warn!(kind, "{msg}");
             events.warn("CertificateExpired", msg).await;
         } else if left <= tenth {
-            let msg = format!("the kubelet {kind} certificate expires at {} and could not be renewed: {e}", ts(p.not_after));
+            let msg = format!(
+                "the kubelet {kind} certificate expires at {} and could not be renewed: {e}",
+                ts(p.not_after)
+            );
             events.warn("CertificateExpiring", msg).await;
         }
     }

@@ -57,8 +57,13 @@ pub fn from_files(
     cert: &Path,
     key: &Path,
     stop: CancellationToken,
-) -> Result<(Arc<ServingCert>, impl std::future::Future<Output = ()> + Send + use<>), CertError>
-{
+) -> Result<
+    (
+        Arc<ServingCert>,
+        impl std::future::Future<Output = ()> + Send + use<>,
+    ),
+    CertError,
+> {
     let pair = Pair::from_files(cert, key)?;
     let serving = ServingCert::new(Some(&pair));
     let dirs: Vec<PathBuf> = [cert, key]
@@ -78,7 +83,8 @@ pub fn from_files(
     let reload = async move {
         let mut last = pair.not_after;
         loop {
-            let changed = futures::future::select_all(watches.iter_mut().map(|w| Box::pin(w.changed())));
+            let changed =
+                futures::future::select_all(watches.iter_mut().map(|w| Box::pin(w.changed())));
             tokio::select! {
                 _ = stop.cancelled() => return,
                 (r, _, _) = changed => if let Err(e) = r {
@@ -94,7 +100,9 @@ pub fn from_files(
                     last = p.not_after;
                     s.set(&p);
                 }
-                Err(e) => warn!(error = %e, "kubelet API certificate changed but does not read whole; keeping the one served"),
+                Err(e) => {
+                    warn!(error = %e, "kubelet API certificate changed but does not read whole; keeping the one served")
+                }
             }
         }
     };

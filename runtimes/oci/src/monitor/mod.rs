@@ -83,7 +83,9 @@ pub enum Request {
     /// at once (a reader that fell behind is dropped, the monitor never
     /// waits); answers [`Response::Attached`] with the container's stdin
     /// pipe attached when it has one.
-    Attach { id: String },
+    Attach {
+        id: String,
+    },
     /// Stops the monitor; refused while it has containers.
     Exit,
 }

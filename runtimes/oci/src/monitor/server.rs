@@ -232,7 +232,9 @@ fn recv(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::R
 /// dropped: the monitor never blocks on a reader.
 fn copy_to_taps(taps: &mut Vec<Tap>, id: &str, name: &str, chunk: &[u8]) {
     taps.retain(|t| {
-        t.id != id || t.name != name || matches!(rustix::io::write(&t.fd, chunk), Ok(n) if n == chunk.len())
+        t.id != id
+            || t.name != name
+            || matches!(rustix::io::write(&t.fd, chunk), Ok(n) if n == chunk.len())
     });
 }
 
@@ -491,11 +493,7 @@ impl Monitor {
 
     /// Adds the two taps sent with an attach; returns the stdin to send
     /// back (the pipe itself with `stdinOnce`, else a copy).
-    fn attach(
-        &mut self,
-        id: &str,
-        fds: Vec<OwnedFd>,
-    ) -> Result<Option<OwnedFd>, Box<Response>> {
+    fn attach(&mut self, id: &str, fds: Vec<OwnedFd>) -> Result<Option<OwnedFd>, Box<Response>> {
         self.running_bundle(id)?;
         let Ok([out, err]) = <[OwnedFd; 2]>::try_from(fds) else {
             return Err(Box::new(failed(
@@ -503,10 +501,15 @@ impl Monitor {
             )));
         };
         for fd in [&out, &err] {
-            rustix::io::ioctl_fionbio(fd, true).map_err(|e| Box::new(failed(format!("attach: {e}"))))?;
+            rustix::io::ioctl_fionbio(fd, true)
+                .map_err(|e| Box::new(failed(format!("attach: {e}"))))?;
         }
         for (fd, name) in [(out, "stdout"), (err, "stderr")] {
-            self.taps.push(Tap { id: id.into(), name, fd });
+            self.taps.push(Tap {
+                id: id.into(),
+                name,
+                fd,
+            });
         }
         let stdin = match self.stdins.get(id) {
             Some((_, true)) => self.stdins.remove(id).map(|(w, _)| w),
