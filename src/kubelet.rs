@@ -20,11 +20,16 @@ use crate::{config, health, images, node, pods};
 
 /// Upstream's default `containerRuntimeEndpoint`.
 const DEFAULT_CRI_ENDPOINT: &str = "unix:///run/containerd/containerd.sock";
+/// Where cgroupfs is mounted (v1: one hierarchy per controller under it).
+const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
 
 /// The running agent: its tasks and the token that stops them.
 pub struct Kubelet {
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// The eviction manager's node conditions: node status and admission
+    /// read them.
+    pressure: Arc<crate::eviction::Pressure>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -63,6 +68,7 @@ impl Kubelet {
         let mut k = Kubelet {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
+            pressure: Arc::default(),
         };
         let started = k.start_runtime(&s).await?;
         let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
@@ -193,14 +199,22 @@ impl Kubelet {
             labels: node::NodeTemplate::from_settings(s).labels,
             sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
                 .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
+            pressure: Some(self.pressure.clone()),
         };
-        let (manager, _killer, pod_tx, inputs) = pods::PodManager::new(
+        let view = status.view();
+        let metrics = node_ctx.metrics.clone();
+        let (manager, killer, pod_tx, inputs) = pods::PodManager::new(
             started.runtime.clone(),
             node_ctx,
             sources,
             status,
             allocatable,
         );
+        let pods_capacity = machine
+            .memory_bytes
+            .saturating_sub(reserved.get("memory").copied().unwrap_or(0));
+        let eviction = self.eviction_manager(s, pods_capacity, view, started, killer, metrics)?;
+        self.spawn(eviction.run(self.shutdown.clone()));
         let manager = manager.with_relist_heartbeat(relist);
         if let Some(client) = client {
             let checkpoint = status_dir.join("api-checkpoint.json");
@@ -220,6 +234,58 @@ impl Kubelet {
         }
         self.spawn(manager.run(inputs, self.shutdown.clone()));
         Ok(())
+    }
+
+    /// The pods' cgroup (node allocatable enforced on it) and the eviction
+    /// manager watching it and the node.
+    fn eviction_manager(
+        &self,
+        s: &Settings,
+        pods_capacity: u64,
+        view: pods::StatusView,
+        started: &Started,
+        killer: pods::PodKiller,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> anyhow::Result<crate::eviction::Manager> {
+        use crate::eviction::{self, signals};
+        let cfg = &s.config;
+        let mount = std::path::Path::new(CGROUP_MOUNT);
+        let pods_cgroup = cfg.pods_cgroup();
+        let enforce = cfg.enforce_node_allocatable.iter().any(|v| v == "pods");
+        let pods = if enforce {
+            match node::cgroups::ensure_pods_cgroup(mount, &pods_cgroup, Some(pods_capacity)) {
+                Ok(dir) => {
+                    info!(cgroup = %dir.display(), memory_limit = pods_capacity, "node allocatable enforced on the pods cgroup");
+                    Some(signals::MemCgroup::new(mount, &pods_cgroup))
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot enforce node allocatable; allocatableMemory.available is not observed");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(eviction::Manager {
+            settings: eviction::Settings {
+                thresholds: eviction::thresholds::all(&cfg.eviction_thresholds()?),
+                transition: cfg.eviction_pressure_transition_period.0,
+                max_pod_grace: Duration::from_secs(cfg.eviction_max_pod_grace_period.max(0) as u64),
+                sources: signals::Sources {
+                    host: node::host::HostPaths::default(),
+                    pods,
+                    pods_capacity,
+                    nodefs: s.root_dir.clone(),
+                    imagefs: s.root_dir.clone(),
+                },
+                housekeeping: Duration::from_secs(10),
+            },
+            view,
+            runtime: started.runtime.clone(),
+            killer,
+            metrics,
+            pressure: self.pressure.clone(),
+        })
     }
 
     /// Image GC over the runtime (both runtimes) and, for kinglet's own
@@ -459,6 +525,7 @@ impl Kubelet {
                 thresholds: cfg.eviction_thresholds()?,
                 reserved: node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved),
                 pressure_transition: cfg.eviction_pressure_transition_period.0,
+                pressure: Some(self.pressure.clone()),
             },
             update_frequency: cfg.node_status_update_frequency.0,
             report_frequency: cfg.node_status_report_frequency.0,
@@ -545,6 +612,7 @@ fn node_context(
     }
     pods::convert::NodeContext {
         node_name: s.node_name.clone(),
+        pods_cgroup: cfg.pods_cgroup(),
         node_ip,
         memory_capacity: host.machine.memory_bytes,
         cpu_capacity_milli: u64::from(host.machine.cpus) * 1000,

@@ -10,6 +10,7 @@ mod certificate;
 mod config;
 mod demo;
 mod dirwatch;
+mod eviction;
 mod fsutil;
 mod health;
 mod images;

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub running_pods: Gauge,
     pub running_containers: Family<StateLabels, Gauge>,
     node_name: Family<NodeLabels, Gauge>,
+    /// `kubelet_evictions`, by eviction signal.
+    pub evictions: Family<SignalLabels, Counter>,
     client_ttl: Gauge,
     server_ttl: Gauge,
     client_renew_errors: Counter,
@@ -118,12 +120,11 @@ impl Metrics {
             "The node's name. The count is always 1",
             node_name.clone(),
         );
-        // Declared for scrapers; the eviction manager (not built yet)
-        // will count into it.
+        let evictions = Family::<SignalLabels, Counter>::default();
         registry.register(
             "kubelet_evictions",
             "Cumulative number of pod evictions by eviction signal",
-            Family::<SignalLabels, Counter>::default(),
+            evictions.clone(),
         );
         let [client_ttl, server_ttl] = [Gauge::default(), Gauge::default()];
         let [client_renew_errors, server_renew_errors] = [Counter::default(), Counter::default()];
@@ -149,6 +150,7 @@ impl Metrics {
         );
         Metrics {
             registry,
+            evictions,
             client_ttl,
             server_ttl,
             client_renew_errors,

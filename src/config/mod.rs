@@ -149,6 +149,9 @@ pub struct KubeletConfiguration {
     pub cgroup_driver: String,
     pub cgroup_root: String,
     pub cgroups_per_qos: bool,
+    /// What node allocatable is enforced on: `pods` (the pods' cgroup gets
+    /// capacity − reservations as its memory limit) or `none`.
+    pub enforce_node_allocatable: Vec<String>,
     pub max_pods: i32,
     pub pod_pids_limit: i64,
     pub serialize_image_pulls: bool,
@@ -202,6 +205,7 @@ impl Default for KubeletConfiguration {
             cgroup_driver: "cgroupfs".into(),
             cgroup_root: String::new(),
             cgroups_per_qos: true,
+            enforce_node_allocatable: vec!["pods".into()],
             max_pods: 110,
             pod_pids_limit: -1,
             serialize_image_pulls: true,
@@ -727,7 +731,36 @@ impl KubeletConfiguration {
             ));
         }
         self.eviction_thresholds()?;
+        for v in &self.enforce_node_allocatable {
+            // system-reserved and kube-reserved need their cgroups named
+            // (systemReservedCgroup, kubeReservedCgroup): not built.
+            if !["pods", "none"].contains(&v.as_str()) {
+                return Err(field_err(
+                    "enforceNodeAllocatable",
+                    format!("{v:?} is not supported (supported: \"pods\", \"none\")"),
+                ));
+            }
+        }
+        if !self.cgroup_root.is_empty() && !self.cgroup_root.starts_with('/')
+            || self.cgroup_root.split('/').any(|c| c == "..")
+        {
+            return Err(field_err(
+                "cgroupRoot",
+                format!("{:?} must be an absolute cgroup path without \"..\"", self.cgroup_root),
+            ));
+        }
         Ok(())
+    }
+
+    /// The pods' cgroup relative to the cgroup mount:
+    /// `<cgroupRoot>/kubepods`.
+    pub fn pods_cgroup(&self) -> String {
+        let root = self.cgroup_root.trim_matches('/');
+        if root.is_empty() {
+            "kubepods".into()
+        } else {
+            format!("{root}/kubepods")
+        }
     }
 }
 

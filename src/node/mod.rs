@@ -5,6 +5,7 @@
 //! status, the lease task alone writes the Lease. A watch on the own Node
 //! (no polling) tells the status task when an admin deleted it.
 
+pub mod cgroups;
 pub mod host;
 pub mod lease;
 pub mod status;

@@ -46,6 +46,10 @@ pub struct StatusConfig {
     pub thresholds: EvictionThresholds,
     pub reserved: BTreeMap<String, u64>,
     pub pressure_transition: Duration,
+    /// The eviction manager's conditions, when it runs: then they are the
+    /// node's (upstream's status setter asks the eviction manager too),
+    /// else the status measures its own readings.
+    pub pressure: Option<std::sync::Arc<crate::eviction::Pressure>>,
 }
 
 const MEMORY_SIGNALS: &[&str] = &["memory.available", "allocatableMemory.available"];
@@ -236,12 +240,23 @@ impl StatusBuilder {
         }
         let (capacity, allocatable) = self.resources(r.nodefs);
 
-        let mem = self.crossed(MEMORY_SIGNALS, r);
-        let mem = self.pressure("MemoryPressure", mem, now);
-        let disk = self.crossed(DISK_SIGNALS, r);
-        let disk = self.pressure("DiskPressure", disk, now);
-        let pid = self.crossed(PID_SIGNALS, r);
-        let pid = self.pressure("PIDPressure", pid, now);
+        let (mem, disk, pid) = match self.cfg.pressure.clone() {
+            Some(p) => (
+                p.has("MemoryPressure"),
+                p.has("DiskPressure"),
+                p.has("PIDPressure"),
+            ),
+            None => {
+                let mem = self.crossed(MEMORY_SIGNALS, r);
+                let disk = self.crossed(DISK_SIGNALS, r);
+                let pid = self.crossed(PID_SIGNALS, r);
+                (
+                    self.pressure("MemoryPressure", mem, now),
+                    self.pressure("DiskPressure", disk, now),
+                    self.pressure("PIDPressure", pid, now),
+                )
+            }
+        };
 
         let mut conditions = vec![
             if mem {
@@ -492,6 +507,7 @@ mod tests {
             thresholds: cfg.eviction_thresholds().unwrap(),
             reserved: reservations(&cfg.system_reserved, &cfg.kube_reserved),
             pressure_transition: cfg.eviction_pressure_transition_period.0,
+            pressure: None,
         })
     }
 

@@ -1,7 +1,8 @@
 //! Pod admission, as upstream's admit handlers decide it before a pod
 //! starts: the node's labels must satisfy the pod's nodeSelector and
 //! required node affinity, and the pod's requests must fit what is
-//! allocatable next to the pods already admitted. A rejected pod fails
+//! allocatable next to the pods already admitted, and the node must not be
+//! under a pressure that refuses it. A rejected pod fails
 //! with upstream's reason and message and never starts.
 
 use std::collections::BTreeMap;
@@ -19,6 +20,8 @@ pub struct Allocatable {
     pub labels: BTreeMap<String, String>,
     /// The sysctls pods may set.
     pub sysctls: super::sysctls::Allowlist,
+    /// The eviction manager's node conditions.
+    pub pressure: Option<std::sync::Arc<crate::eviction::Pressure>>,
 }
 
 /// A rejection: reason and message as upstream words them.
@@ -132,9 +135,43 @@ fn affinity_ok(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
     }
 }
 
+/// Whether `pod` tolerates the `memory-pressure:NoSchedule` taint.
+fn tolerates_memory_pressure(pod: &Pod) -> bool {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
+    tolerations.into_iter().flatten().any(|t| {
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => t.operator.as_deref() == Some("Exists"),
+            Some(k) => k == "node.kubernetes.io/memory-pressure",
+        };
+        let effect_ok = matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
+        key_ok && effect_ok
+    })
+}
+
+/// Upstream's eviction admit handler: under memory pressure only, pods
+/// other than BestEffort (or tolerating the taint) are admitted; under
+/// any other pressure, only critical pods.
+pub fn admit_under_pressure(pod: &Pod, conditions: &[&str]) -> Result<(), Rejection> {
+    if conditions.is_empty() || crate::eviction::rank::is_critical(pod) {
+        return Ok(());
+    }
+    if conditions == ["MemoryPressure"]
+        && (super::convert::qos_class(pod) != "BestEffort" || tolerates_memory_pressure(pod))
+    {
+        return Ok(());
+    }
+    Err(Rejection {
+        reason: "Evicted".into(),
+        message: format!("The node had condition: [{}]. ", conditions.join(" ")),
+    })
+}
+
 /// Decides whether `pod` may run next to `admitted`.
 pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rejection> {
-    // Upstream's order: the sysctl allowlist, then the predicates.
+    // Upstream's order: eviction, the sysctl allowlist, then the predicates.
+    if let Some(p) = &node.pressure {
+        admit_under_pressure(pod, &p.conditions())?;
+    }
     node.sysctls.admit(pod).map_err(|message| Rejection {
         reason: "SysctlForbidden".into(),
         message,
@@ -302,5 +339,23 @@ mod tests {
         assert!(admit(&aff("NotIn", "[arm64]"), &[], &node()).is_err());
         assert!(admit(&aff("Exists", "[]"), &[], &node()).is_ok());
         assert!(admit(&aff("DoesNotExist", "[]"), &[], &node()).is_err());
+    }
+
+    #[test]
+    fn pressure_refuses_best_effort_pods_and_any_pod_under_disk_pressure() {
+        let pod = |v: serde_json::Value| -> Pod { serde_json::from_value(v).unwrap() };
+        let be = pod(serde_json::json!({"spec": {"containers": [{"name": "c"}]}}));
+        let burstable = pod(serde_json::json!({"spec": {"containers": [{"name": "c",
+            "resources": {"requests": {"memory": "10Mi"}}}]}}));
+        let tolerant = pod(serde_json::json!({"spec": {"containers": [{"name": "c"}],
+            "tolerations": [{"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"}]}}));
+        assert!(admit_under_pressure(&be, &[]).is_ok());
+        let r = admit_under_pressure(&be, &["MemoryPressure"]).unwrap_err();
+        assert_eq!(r.reason, "Evicted");
+        assert_eq!(r.message, "The node had condition: [MemoryPressure]. ");
+        assert!(admit_under_pressure(&burstable, &["MemoryPressure"]).is_ok());
+        assert!(admit_under_pressure(&tolerant, &["MemoryPressure"]).is_ok());
+        let r = admit_under_pressure(&burstable, &["DiskPressure", "MemoryPressure"]).unwrap_err();
+        assert_eq!(r.message, "The node had condition: [DiskPressure MemoryPressure]. ");
     }
 }

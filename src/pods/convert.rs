@@ -15,6 +15,9 @@ use crate::config::parse_quantity;
 #[derive(Clone, Debug, Default)]
 pub struct NodeContext {
     pub node_name: String,
+    /// The pods' root cgroup, relative to the cgroup mount:
+    /// `<cgroupRoot>/kubepods` (empty: `kubepods`).
+    pub pods_cgroup: String,
     pub node_ip: String,
     pub memory_capacity: u64,
     /// The node's CPUs in millicores (an unset `limits.cpu` reads as it).
@@ -225,13 +228,19 @@ fn pod_uid(pod: &Pod) -> String {
 }
 
 /// `kubepods/pod<uid>` (Guaranteed), `kubepods/burstable/pod<uid>`,
-/// `kubepods/besteffort/pod<uid>`, as upstream's cgroupfs driver names them.
-pub fn cgroup_parent(pod: &Pod) -> String {
+/// `kubepods/besteffort/pod<uid>`, as upstream's cgroupfs driver names
+/// them, under `pods_cgroup` (`<cgroupRoot>/kubepods`; empty: `kubepods`).
+pub fn cgroup_parent(pod: &Pod, pods_cgroup: &str) -> String {
     let uid = pod_uid(pod);
+    let root = if pods_cgroup.is_empty() {
+        "kubepods"
+    } else {
+        pods_cgroup
+    };
     match qos_class(pod) {
-        "Guaranteed" => format!("kubepods/pod{uid}"),
-        "Burstable" => format!("kubepods/burstable/pod{uid}"),
-        _ => format!("kubepods/besteffort/pod{uid}"),
+        "Guaranteed" => format!("{root}/pod{uid}"),
+        "Burstable" => format!("{root}/burstable/pod{uid}"),
+        _ => format!("{root}/besteffort/pod{uid}"),
     }
 }
 
@@ -366,7 +375,7 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
         host_network,
         host_pid: spec.host_pid.unwrap_or(false),
         host_ipc: spec.host_ipc.unwrap_or(false),
-        cgroup_parent: cgroup_parent(pod),
+        cgroup_parent: cgroup_parent(pod, &node.pods_cgroup),
         port_mappings: port_mappings(&spec),
         sysctls: spec
             .security_context
@@ -1288,12 +1297,16 @@ mod tests {
             "{BASE}spec: {{containers: [{{name: a, image: x}}]}}"
         ));
         assert_eq!(qos_class(&be), "BestEffort");
-        assert_eq!(cgroup_parent(&be), "kubepods/besteffort/podu-1");
+        assert_eq!(cgroup_parent(&be, ""), "kubepods/besteffort/podu-1");
+        assert_eq!(
+            cgroup_parent(&be, "edge/kubepods"),
+            "edge/kubepods/besteffort/podu-1"
+        );
         let g = pod(&format!(
             "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{limits: {{cpu: 500m, memory: 64Mi}}}}}}]}}"
         ));
         assert_eq!(qos_class(&g), "Guaranteed");
-        assert_eq!(cgroup_parent(&g), "kubepods/podu-1");
+        assert_eq!(cgroup_parent(&g, ""), "kubepods/podu-1");
         let b = pod(&format!(
             "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{requests: {{memory: 512Mi}}}}}}]}}"
         ));

@@ -25,14 +25,10 @@ use super::worker::{KillRequest, Worker};
 use super::{admit, validate};
 
 /// How others ask for a pod to be stopped: eviction hands this a pod UID
-/// and a [`KillRequest`]; it never holds the pod manager. Eviction (#16)
-/// and liveness probes (#13) are its users to come; the lifecycle tests
-/// drive it today.
+/// and a [`KillRequest`]; it never holds the pod manager.
 #[derive(Clone, Debug)]
-#[allow(dead_code)]
 pub struct PodKiller(mpsc::Sender<(String, KillRequest)>);
 
-#[allow(dead_code)]
 impl PodKiller {
     pub async fn kill(&self, uid: &str, k: KillRequest) {
         let _ = self.0.send((uid.to_string(), k)).await;

@@ -94,9 +94,9 @@ pub(crate) fn running_container(id: &str, name: &str) -> kinglet_runtime::Contai
 }
 
 pub use ls::table;
-#[cfg(test)]
-use manager::PodKiller;
-pub use manager::PodManager;
+pub use manager::{PodKiller, PodManager};
+pub use status_manager::PodEntry;
+pub use worker::{EVICTED, KillRequest};
 pub use sources::SourceUpdate;
 pub use status_manager::StatusManager;
 pub use status_manager::StatusView;

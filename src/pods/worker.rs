@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{
     ContainerState, ContainerStatus, Runtime, SandboxConfig, SandboxStatus, WaitingReason,
@@ -36,6 +36,9 @@ use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
 use super::status::{self, Health, Unprobed};
 use super::volumes::{self, Volumes};
+
+/// The reason of a pod the eviction manager ended.
+pub const EVICTED: &str = "Evicted";
 
 /// Why and how a pod is to be stopped (upstream's `KillPodOptions`): the
 /// one hook deletion, eviction, the active deadline and liveness use.
@@ -259,6 +262,11 @@ impl Worker {
         let pod = &u.pod;
         let grace = Self::grace(pod, u.kill.as_ref());
         self.killed = u.kill.clone();
+        if let Some(k) = u.kill.as_ref().filter(|k| k.reason == EVICTED) {
+            self.rep
+                .event(pod, "Warning", EVICTED, k.message.clone())
+                .await;
+        }
         if let Some(p) = &mut self.prober {
             p.stop();
         }
@@ -866,6 +874,16 @@ impl Worker {
             st.phase = Some("Failed".into());
             st.reason = Some(k.reason.clone());
             st.message = Some(k.message.clone());
+            if k.reason == EVICTED {
+                // As upstream's eviction manager: the pod says who ended it.
+                st.conditions.get_or_insert_with(Vec::new).push(PodCondition {
+                    type_: "DisruptionTarget".into(),
+                    status: "True".into(),
+                    reason: Some("TerminationByKubelet".into()),
+                    message: Some(k.message.clone()),
+                    ..Default::default()
+                });
+            }
         }
         self.rep.status(pod, st).await;
     }
