@@ -255,6 +255,7 @@ mod tests {
                 ("zone".into(), "a".into()),
             ]),
             sysctls: Default::default(),
+            pressure: None,
         }
     }
 

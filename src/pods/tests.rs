@@ -49,6 +49,7 @@ fn node_with(rt: Arc<FakeRuntime>, objects: Option<Arc<dyn ObjectSource>>) -> No
         pods: 110,
         labels: BTreeMap::new(),
         sysctls: Default::default(),
+        pressure: None,
     };
     let (m, killer, tx, inputs) = PodManager::new(rt.clone(), ctx, vec!["api"], status, alloc);
     let stop = CancellationToken::new();
