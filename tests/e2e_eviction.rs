@@ -47,7 +47,11 @@ fn remove_cgroups(root: &str) {
         }
         let _ = std::fs::remove_dir(dir);
     }
-    for h in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         rm(&h.path().join(root));
     }
     rm(&std::path::Path::new("/sys/fs/cgroup").join(root));
@@ -99,18 +103,40 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     let mut k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(60)).await;
-    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{root}/kubepods/memory.limit_in_bytes"))
-        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/{root}/kubepods/memory.max")))
-        .unwrap();
-    assert_eq!(limit.trim(), (600 * MI).to_string(), "node allocatable enforced");
+    let limit = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory/{root}/kubepods/memory.limit_in_bytes"
+    ))
+    .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/{root}/kubepods/memory.max")))
+    .unwrap();
+    assert_eq!(
+        limit.trim(),
+        (600 * MI).to_string(),
+        "node allocatable enforced"
+    );
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let idle = serde_json::json!(["sleep", "3600"]);
-    let (burstable, guaranteed, hog) = (format!("{name}-b"), format!("{name}-g"), format!("{name}-hog"));
-    create(&pods, &name, &burstable, serde_json::json!({"name": "c", "image": BB, "command": idle,
-        "resources": {"requests": {"memory": "10Mi"}}})).await;
-    create(&pods, &name, &guaranteed, serde_json::json!({"name": "c", "image": BB, "command": idle,
-        "resources": {"limits": {"memory": "50Mi", "cpu": "50m"}}})).await;
+    let (burstable, guaranteed, hog) = (
+        format!("{name}-b"),
+        format!("{name}-g"),
+        format!("{name}-hog"),
+    );
+    create(
+        &pods,
+        &name,
+        &burstable,
+        serde_json::json!({"name": "c", "image": BB, "command": idle,
+        "resources": {"requests": {"memory": "10Mi"}}}),
+    )
+    .await;
+    create(
+        &pods,
+        &name,
+        &guaranteed,
+        serde_json::json!({"name": "c", "image": BB, "command": idle,
+        "resources": {"limits": {"memory": "50Mi", "cpu": "50m"}}}),
+    )
+    .await;
     for p in [&burstable, &guaranteed] {
         wait_for("the idle pods run", Duration::from_secs(60), || async {
             (phase(&pods, p).await.as_deref() == Some("Running")).then_some(())
@@ -119,8 +145,14 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     }
     // About 100 MiB/s of anonymous memory, kept.
     let ramp = r#"awk 'BEGIN{ b=sprintf("%1048576s",""); for(i=0;;i++){ a[i]=b i; if(i%10==9) system("sleep 0.1") } }'"#;
-    create(&pods, &name, &hog, serde_json::json!({"name": "hog", "image": BB,
-        "command": ["sh", "-c", ramp]})).await;
+    create(
+        &pods,
+        &name,
+        &hog,
+        serde_json::json!({"name": "hog", "image": BB,
+        "command": ["sh", "-c", ramp]}),
+    )
+    .await;
     wait_for("the hog runs", Duration::from_secs(60), || async {
         (phase(&pods, &hog).await.as_deref() == Some("Running")).then_some(())
     })
@@ -132,11 +164,16 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         (s.phase.as_deref() == Some("Failed")).then_some(s)
     })
     .await;
-    eprintln!("figure: eviction {rt:?}: hog evicted {:?} after it started ramping", started.elapsed());
+    eprintln!(
+        "figure: eviction {rt:?}: hog evicted {:?} after it started ramping",
+        started.elapsed()
+    );
     assert_eq!(failed.reason.as_deref(), Some("Evicted"), "{failed:?}");
     let msg = failed.message.clone().unwrap_or_default();
     assert!(
-        msg.starts_with("The node was low on resource: memory. Threshold quantity: 150Mi, available: "),
+        msg.starts_with(
+            "The node was low on resource: memory. Threshold quantity: 150Mi, available: "
+        ),
         "{msg}"
     );
     assert!(msg.contains("Container hog was using "), "{msg}");
@@ -152,7 +189,10 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     wait_for("the Evicted event", Duration::from_secs(30), || async {
         let lp = ListParams::default().fields(&format!("involvedObject.name={hog}"));
         let l = events.list(&lp).await.ok()?;
-        l.items.iter().any(|e| e.reason.as_deref() == Some("Evicted")).then_some(())
+        l.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Evicted"))
+            .then_some(())
     })
     .await;
 
@@ -163,33 +203,81 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     })
     .await;
     let refused = format!("{name}-be");
-    create(&pods, &name, &refused, serde_json::json!({"name": "c", "image": BB, "command": idle})).await;
-    let s = wait_for("the BestEffort pod refused", Duration::from_secs(20), || async {
-        let s = pods.get(&refused).await.ok()?.status?;
-        (s.phase.as_deref() == Some("Failed")).then_some(s)
-    })
+    create(
+        &pods,
+        &name,
+        &refused,
+        serde_json::json!({"name": "c", "image": BB, "command": idle}),
+    )
+    .await;
+    let s = wait_for(
+        "the BestEffort pod refused",
+        Duration::from_secs(20),
+        || async {
+            let s = pods.get(&refused).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Failed")).then_some(s)
+        },
+    )
     .await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
-    assert_eq!(s.message.as_deref(), Some("The node had condition: [MemoryPressure]. "));
+    assert_eq!(
+        s.message.as_deref(),
+        Some("The node had condition: [MemoryPressure]. ")
+    );
     let _ = n;
-    wait_for("the memory-pressure taint", Duration::from_secs(30), || async {
-        let n = nodes.get(&name).await.ok()?;
-        has_taint(&n, "node.kubernetes.io/memory-pressure").then_some(())
-    })
+    wait_for(
+        "the memory-pressure taint",
+        Duration::from_secs(30),
+        || async {
+            let n = nodes.get(&name).await.ok()?;
+            has_taint(&n, "node.kubernetes.io/memory-pressure").then_some(())
+        },
+    )
     .await;
     for p in [&burstable, &guaranteed] {
-        assert_eq!(phase(&pods, p).await.as_deref(), Some("Running"), "{p} was touched");
+        assert_eq!(
+            phase(&pods, p).await.as_deref(),
+            Some("Running"),
+            "{p} was touched"
+        );
     }
     // The hog's memory is back: the condition and the taint go after the
     // transition period.
-    wait_for("MemoryPressure cleared", Duration::from_secs(60), || async {
-        let n = nodes.get(&name).await.ok()?;
-        let cleared = condition(&n, "MemoryPressure").map(|c| c.0).as_deref() == Some("False");
-        (cleared && !has_taint(&n, "node.kubernetes.io/memory-pressure")).then_some(())
-    })
+    wait_for(
+        "MemoryPressure cleared",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get(&name).await.ok()?;
+            let cleared = condition(&n, "MemoryPressure").map(|c| c.0).as_deref() == Some("False");
+            (cleared && !has_taint(&n, "node.kubernetes.io/memory-pressure")).then_some(())
+        },
+    )
     .await;
-    let metrics_line = k.log();
-    assert!(metrics_line.contains("evicting"), "no eviction logged");
+    let log = k.log();
+    for l in log
+        .lines()
+        .filter(|l| l.contains("eviction") || l.contains("memcg"))
+    {
+        eprintln!("{l}");
+    }
+    let line = log
+        .lines()
+        .find(|l| l.contains("evicting"))
+        .unwrap_or_else(|| panic!("no eviction logged:\n{log}"));
+    let field = |k: &str| {
+        let rest = line.split(&format!("{k}=")).nth(1).unwrap_or("?");
+        match rest.strip_prefix('"') {
+            Some(q) => q.split('"').next().unwrap_or("?").to_string(),
+            None => rest.split_whitespace().next().unwrap_or("?").to_string(),
+        }
+    };
+    let evictions = log.lines().filter(|l| l.contains("evicting")).count();
+    assert_eq!(evictions, 1, "one pod, evicted once:\n{log}");
+    eprintln!(
+        "figure: eviction {rt:?}: woken by {}, decided in {} after the wake-up",
+        field("woken_by"),
+        field("decided_in")
+    );
     delete_pods(&pods, &[burstable, guaranteed, hog, refused]).await;
     k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;

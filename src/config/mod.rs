@@ -746,7 +746,10 @@ impl KubeletConfiguration {
         {
             return Err(field_err(
                 "cgroupRoot",
-                format!("{:?} must be an absolute cgroup path without \"..\"", self.cgroup_root),
+                format!(
+                    "{:?} must be an absolute cgroup path without \"..\"",
+                    self.cgroup_root
+                ),
             ));
         }
         Ok(())

@@ -30,7 +30,7 @@ use std::time::Duration;
 use kinglet_runtime::Runtime;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::pods::{KillRequest, PodKiller, StatusView};
 use thresholds::{Observations, State, Threshold};
@@ -78,6 +78,18 @@ pub struct Manager {
     pub pressure: Arc<Pressure>,
 }
 
+/// How long an evicted pod may take to terminate before the next one is
+/// chosen (upstream's `podCleanupTimeout`).
+const POD_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the loop keeps between rounds.
+#[derive(Default)]
+struct Round {
+    state: State,
+    /// The pod evicted last, and when.
+    pending: Option<(String, Instant)>,
+}
+
 /// Signals that evict pods today (see the module docs).
 fn evicts(signal: &str) -> bool {
     signal.contains("emory") || signal == "pid.available"
@@ -85,28 +97,38 @@ fn evicts(signal: &str) -> bool {
 
 impl Manager {
     pub async fn run(self, stop: CancellationToken) {
-        let mut state = State::default();
+        let mut state = Round::default();
         let mut psi = notify::psi(&self.settings.sources.host.proc.join("pressure/memory"));
         if let Err(e) = &psi {
             info!(error = %e, "no PSI memory trigger");
         }
-        let mut events = self.settings.sources.pods.as_ref().map(notify::memory_events);
+        let mut events = self
+            .settings
+            .sources
+            .pods
+            .as_ref()
+            .map(notify::memory_events);
         let mut armed: Option<notify::Source> = None;
         let mut last_armed = 0u64;
         let mut announced = false;
+        let mut woke = ("start", Instant::now());
         loop {
-            let (obs, evicted) = self.synchronize(&mut state).await;
+            let (obs, evicted) = self.synchronize(&mut state, woke).await;
             // Re-arm the memcg threshold where the pods' working set would
             // meet the tightest memory threshold.
             if let Some(level) = self.memcg_level(&obs)
                 && level != last_armed
             {
-                armed = self
-                    .settings
-                    .sources
-                    .pods
-                    .as_ref()
-                    .and_then(|cg| notify::memcg_threshold(cg, level).ok());
+                armed = self.settings.sources.pods.as_ref().and_then(|cg| {
+                    match notify::memcg_threshold(cg, level) {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            warn!(error = %e, cgroup = %cg.dir.display(), "cannot arm a memcg threshold");
+                            None
+                        }
+                    }
+                });
+                debug!(level, armed = armed.is_some(), "memcg threshold armed");
                 last_armed = level;
             }
             let have_events =
@@ -118,7 +140,11 @@ impl Manager {
                     psi = psi.is_ok(),
                     memory_events = events.as_ref().is_some_and(|e| e.is_ok()),
                     "eviction manager: memory pressure is watched by these events{}",
-                    if have_events { "" } else { " (none: polling every second)" }
+                    if have_events {
+                        ""
+                    } else {
+                        " (none: polling every second)"
+                    }
                 );
             }
             let wait = if evicted || !have_events {
@@ -145,13 +171,14 @@ impl Manager {
                 }
             };
             // Which source broke, if one did: it is dropped, not retried.
-            let broken = tokio::select! {
+            let (by, broken) = tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => None,
-                r = armed_wait => r.is_err().then_some(0),
-                r = psi_wait => r.is_err().then_some(1),
-                r = events_wait => r.is_err().then_some(2),
+                _ = tokio::time::sleep(wait) => ("sync", None),
+                r = armed_wait => ("memcg threshold", r.is_err().then_some(0)),
+                r = psi_wait => ("PSI", r.is_err().then_some(1)),
+                r = events_wait => ("memory.events", r.is_err().then_some(2)),
             };
+            woke = (by, Instant::now());
             match broken {
                 Some(0) => armed = None,
                 Some(1) => psi = Err(std::io::Error::other("the PSI trigger failed")),
@@ -179,8 +206,16 @@ impl Manager {
         Some(o.capacity.saturating_sub(tightest).saturating_add(inactive))
     }
 
-    /// One round: observe, publish the conditions, evict at most one pod.
-    async fn synchronize(&self, state: &mut State) -> (Observations, bool) {
+    /// One round: observe, publish the conditions, evict at most one pod
+    /// (none while the last one evicted is still terminating, up to 30 s,
+    /// as upstream waits for its cleanup). `woke`: what started the round
+    /// and when (for the log).
+    async fn synchronize(
+        &self,
+        round: &mut Round,
+        woke: (&'static str, Instant),
+    ) -> (Observations, bool) {
+        let state = &mut round.state;
         let sources = self.settings.sources.clone();
         let obs = tokio::task::spawn_blocking(move || signals::observe(&sources))
             .await
@@ -196,16 +231,36 @@ impl Manager {
         else {
             return (obs, false);
         };
-        let evicted = self.evict_one(t, &obs).await;
+        if let Some((uid, at)) = &round.pending {
+            let gone = self.view.get(uid).is_none_or(|e| {
+                matches!(
+                    e.status.phase.as_deref(),
+                    Some("Failed") | Some("Succeeded")
+                )
+            });
+            if !gone && at.elapsed() < POD_CLEANUP_TIMEOUT {
+                return (obs, true);
+            }
+        }
+        round.pending = self
+            .evict_one(t, &obs, woke)
+            .await
+            .map(|uid| (uid, Instant::now()));
+        let evicted = round.pending.is_some();
         (obs, evicted)
     }
 
     /// Evicts the first pod in rank for `t`'s resource.
-    async fn evict_one(&self, t: &Threshold, obs: &Observations) -> bool {
+    async fn evict_one(
+        &self,
+        t: &Threshold,
+        obs: &Observations,
+        woke: (&'static str, Instant),
+    ) -> Option<String> {
         let mut candidates = self.candidates().await;
         if candidates.is_empty() {
             warn!(signal = %t.signal, "eviction threshold met but no pod can be evicted");
-            return false;
+            return None;
         }
         rank::rank(&mut candidates);
         let c = &candidates[0];
@@ -232,7 +287,8 @@ impl Manager {
             self.settings.max_pod_grace.min(Duration::from_secs(own))
         };
         let name = crate::pods::convert::pod_name(&c.pod);
-        warn!(pod = %name, signal = %t.signal, %message, "evicting");
+        let decided_in = woke.1.elapsed();
+        warn!(pod = %name, signal = %t.signal, woken_by = woke.0, ?decided_in, %message, "evicting");
         self.metrics
             .evictions
             .get_or_create(&crate::metrics::SignalLabels {
@@ -245,7 +301,7 @@ impl Manager {
             grace: Some(grace),
         };
         self.killer.kill(&c.uid, k).await;
-        true
+        Some(c.uid.clone())
     }
 
     /// The pods that may be evicted, with their memory use and requests.
@@ -301,7 +357,9 @@ fn candidate(
     rank::Candidate {
         priority: e.pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
         usage: containers.iter().map(|c| c.usage).sum(),
-        request: crate::pods::admit::requests(&e.pod).1.min(u128::from(u64::MAX)) as u64,
+        request: crate::pods::admit::requests(&e.pod)
+            .1
+            .min(u128::from(u64::MAX)) as u64,
         containers,
         pod: e.pod.clone(),
         uid,

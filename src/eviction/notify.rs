@@ -5,9 +5,9 @@
 //!   signals the moment usage crosses the level at which a memory
 //!   threshold would be met (re-armed after each sync, as inactive file
 //!   pages move the level);
-//! - a **PSI trigger** on `/proc/pressure/memory` (and on the pods'
-//!   `memory.pressure` on cgroup v2): `some` stall of 50 ms within a 1 s
-//!   window, signalled with `POLLPRI`: the node is reclaiming, measure now;
+//! - a **PSI trigger** on `/proc/pressure/memory`: a `some` stall of 50 ms
+//!   within a 1 s window (100 ms in 2 s without `CAP_SYS_RESOURCE`),
+//!   signalled with `POLLPRI`: the node is reclaiming, measure now;
 //! - on cgroup v2, `memory.events` of the pods' cgroup, watched with
 //!   inotify: `high`/`max` events as the pods reach their limit.
 //!
@@ -68,7 +68,9 @@ pub fn memcg_threshold(cg: &MemCgroup, bytes: u64) -> std::io::Result<Source> {
         .open(cg.dir.join("cgroup.event_control"))?;
     // "<eventfd> <fd of memory.usage_in_bytes> <threshold>"; the kernel
     // drops the registration when the eventfd is closed.
-    write!(control, "{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd())?;
+    // One write: the kernel parses each write(2) whole.
+    let line = format!("{} {} {bytes}", efd.as_raw_fd(), usage.as_raw_fd());
+    control.write_all(line.as_bytes())?;
     // SAFETY: the eventfd moves into the AsyncFd and stays open with it.
     Ok(Source::EventFd(unsafe { AsyncFd::register(efd) }?))
 }
@@ -78,14 +80,20 @@ pub fn memcg_threshold(cg: &MemCgroup, bytes: u64) -> std::io::Result<Source> {
 pub fn psi(file: &Path) -> std::io::Result<Source> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(file)?;
-    // 50 ms of stall within a 1 s window (the kernel's smallest window
-    // for unprivileged triggers is 2 s; root may use 500 ms and up).
-    f.write_all(b"some 50000 1000000\0")?;
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(file)
+    };
+    // 50 ms of stall within a 1 s window; without CAP_SYS_RESOURCE the
+    // kernel takes only whole multiples of 2 s as the window: 100 ms in 2 s.
+    let mut f = open()?;
+    if f.write_all(b"some 50000 1000000\0").is_err() {
+        f = open()?;
+        f.write_all(b"some 100000 2000000\0")?;
+    }
     let fd: OwnedFd = f.into();
     // SAFETY: the trigger fd moves into the AsyncFd and stays open with it.
     Ok(Source::Psi(unsafe {

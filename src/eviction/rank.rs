@@ -62,7 +62,7 @@ pub fn rank(c: &mut [Candidate]) {
 /// divides it, else bytes.
 pub fn quantity(bytes: u64) -> String {
     for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if bytes != 0 && bytes % (1 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
@@ -115,17 +115,28 @@ mod tests {
         ];
         rank(&mut c);
         let order: Vec<&str> = c.iter().map(|c| c.uid.as_str()).collect();
-        assert_eq!(order, ["over-big", "over-small", "over-high-prio", "within"]);
+        assert_eq!(
+            order,
+            ["over-big", "over-small", "over-high-prio", "within"]
+        );
     }
 
     #[test]
     fn static_mirror_and_system_critical_pods_are_critical() {
         let pod = |v: serde_json::Value| -> Pod { serde_json::from_value(v).unwrap() };
-        let plain = pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "api"}}}));
+        let plain = pod(
+            serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "api"}}}),
+        );
         assert!(!is_critical(&plain));
-        assert!(is_critical(&pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "file"}}}))));
-        assert!(is_critical(&pod(serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}))));
-        assert!(is_critical(&pod(serde_json::json!({"spec": {"containers": [], "priority": 2000001000}}))));
+        assert!(is_critical(&pod(
+            serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.source": "file"}}})
+        )));
+        assert!(is_critical(&pod(
+            serde_json::json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}})
+        )));
+        assert!(is_critical(&pod(
+            serde_json::json!({"spec": {"containers": [], "priority": 2000001000}})
+        )));
     }
 
     #[test]

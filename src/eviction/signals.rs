@@ -77,7 +77,10 @@ impl MemCgroup {
     /// Usage minus inactive file pages: what the kernel cannot easily take
     /// back.
     pub fn working_set(&self) -> Option<u64> {
-        Some(self.usage()?.saturating_sub(self.inactive_file().unwrap_or(0)))
+        Some(
+            self.usage()?
+                .saturating_sub(self.inactive_file().unwrap_or(0)),
+        )
     }
 }
 
@@ -163,7 +166,11 @@ mod tests {
         std::fs::create_dir_all(&cg).unwrap();
         std::fs::write(cg.join("memory.usage_in_bytes"), "500\n").unwrap();
         std::fs::write(cg.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
-        std::fs::write(cg.join("memory.stat"), "inactive_file 7\ntotal_inactive_file 100\n").unwrap();
+        std::fs::write(
+            cg.join("memory.stat"),
+            "inactive_file 7\ntotal_inactive_file 100\n",
+        )
+        .unwrap();
         let m = MemCgroup::new(d.path(), "/edge/kubepods");
         assert_eq!(m.hierarchy, Hierarchy::V1);
         assert_eq!(m.working_set(), Some(400));

@@ -42,7 +42,7 @@ impl Threshold {
 pub fn all(t: &EvictionThresholds) -> Vec<Threshold> {
     let mk = |signal: &String, value: &ThresholdValue, grace| Threshold {
         signal: signal.clone(),
-        value: value.clone(),
+        value: *value,
         grace,
         minimum_reclaim: t.minimum_reclaim.get(signal).cloned(),
     };
@@ -87,7 +87,12 @@ pub struct State {
 impl State {
     /// Updates the state with `obs` at `now`; returns the thresholds met
     /// (indices into `thresholds`, hard before soft).
-    pub fn observe(&mut self, thresholds: &[Threshold], obs: &Observations, now: Instant) -> Vec<usize> {
+    pub fn observe(
+        &mut self,
+        thresholds: &[Threshold],
+        obs: &Observations,
+        now: Instant,
+    ) -> Vec<usize> {
         let mut met = Vec::new();
         for (i, t) in thresholds.iter().enumerate() {
             let Some(o) = obs.get(t.signal.as_str()) else {
@@ -102,7 +107,10 @@ impl State {
             let crossed = o.available < limit;
             // Once met, the threshold holds until the minimum reclaim is
             // freed too, so evictions do not stop one byte above the line.
-            let extra = t.minimum_reclaim.as_ref().map_or(0, |m| m.resolve(o.capacity));
+            let extra = t
+                .minimum_reclaim
+                .as_ref()
+                .map_or(0, |m| m.resolve(o.capacity));
             let holding = self.met.contains(&i) && o.available < limit.saturating_add(extra);
             if !(crossed || holding) {
                 self.first_seen.remove(&i);
@@ -114,12 +122,14 @@ impl State {
             }
         }
         for &i in &met {
-            self.conditions.insert(condition_of(&thresholds[i].signal), now);
+            self.conditions
+                .insert(condition_of(&thresholds[i].signal), now);
         }
         // Crossed soft thresholds count for conditions at once, as
         // upstream's thresholdsMet without the grace period.
         for &i in self.first_seen.keys() {
-            self.conditions.insert(condition_of(&thresholds[i].signal), now);
+            self.conditions
+                .insert(condition_of(&thresholds[i].signal), now);
         }
         self.met = met.clone();
         met
@@ -139,7 +149,11 @@ impl State {
 mod tests {
     use super::*;
 
-    fn cfg(hard: &[(&str, &str)], soft: &[(&str, &str, u64)], min: &[(&str, &str)]) -> Vec<Threshold> {
+    fn cfg(
+        hard: &[(&str, &str)],
+        soft: &[(&str, &str, u64)],
+        min: &[(&str, &str)],
+    ) -> Vec<Threshold> {
         let map = |v: &[(&str, &str)]| {
             v.iter()
                 .map(|(k, v)| (k.to_string(), ThresholdValue::parse(v).unwrap()))
@@ -150,7 +164,10 @@ mod tests {
             soft: soft
                 .iter()
                 .map(|(k, v, g)| {
-                    (k.to_string(), (ThresholdValue::parse(v).unwrap(), Duration::from_secs(*g)))
+                    (
+                        k.to_string(),
+                        (ThresholdValue::parse(v).unwrap(), Duration::from_secs(*g)),
+                    )
                 })
                 .collect(),
             minimum_reclaim: map(min),
@@ -158,22 +175,48 @@ mod tests {
     }
 
     fn obs(signal: &'static str, available: u64, capacity: u64) -> Observations {
-        [(signal, Observation { available, capacity })].into()
+        [(
+            signal,
+            Observation {
+                available,
+                capacity,
+            },
+        )]
+        .into()
     }
 
     const MI: u64 = 1 << 20;
 
     #[tokio::test(start_paused = true)]
     async fn a_hard_threshold_is_met_at_once_and_holds_until_the_minimum_reclaim() {
-        let t = cfg(&[("memory.available", "100Mi")], &[], &[("memory.available", "50Mi")]);
+        let t = cfg(
+            &[("memory.available", "100Mi")],
+            &[],
+            &[("memory.available", "50Mi")],
+        );
         let mut s = State::default();
         let now = Instant::now();
-        assert!(s.observe(&t, &obs("memory.available", 200 * MI, 1000 * MI), now).is_empty());
-        assert_eq!(s.observe(&t, &obs("memory.available", 99 * MI, 1000 * MI), now), [0]);
+        assert!(
+            s.observe(&t, &obs("memory.available", 200 * MI, 1000 * MI), now)
+                .is_empty()
+        );
+        assert_eq!(
+            s.observe(&t, &obs("memory.available", 99 * MI, 1000 * MI), now),
+            [0]
+        );
         // Above the threshold but inside the minimum reclaim: still met.
-        assert_eq!(s.observe(&t, &obs("memory.available", 120 * MI, 1000 * MI), now), [0]);
-        assert!(s.observe(&t, &obs("memory.available", 151 * MI, 1000 * MI), now).is_empty());
-        assert_eq!(s.conditions(now, Duration::from_secs(300)), ["MemoryPressure"]);
+        assert_eq!(
+            s.observe(&t, &obs("memory.available", 120 * MI, 1000 * MI), now),
+            [0]
+        );
+        assert!(
+            s.observe(&t, &obs("memory.available", 151 * MI, 1000 * MI), now)
+                .is_empty()
+        );
+        assert_eq!(
+            s.conditions(now, Duration::from_secs(300)),
+            ["MemoryPressure"]
+        );
         let later = now + Duration::from_secs(301);
         assert!(s.conditions(later, Duration::from_secs(300)).is_empty());
     }
@@ -186,7 +229,10 @@ mod tests {
         let low = obs("memory.available", 50 * MI, 1000 * MI);
         assert!(s.observe(&t, &low, t0).is_empty());
         // The condition is set while the grace runs.
-        assert_eq!(s.conditions(t0, Duration::from_secs(300)), ["MemoryPressure"]);
+        assert_eq!(
+            s.conditions(t0, Duration::from_secs(300)),
+            ["MemoryPressure"]
+        );
         assert!(s.observe(&t, &low, t0 + Duration::from_secs(29)).is_empty());
         assert_eq!(s.observe(&t, &low, t0 + Duration::from_secs(30)), [0]);
         // Recovering resets the grace.
@@ -201,13 +247,19 @@ mod tests {
         let mut s = State::default();
         let now = Instant::now();
         assert!(s.observe(&t, &Observations::new(), now).is_empty());
-        assert_eq!(s.observe(&t, &obs("allocatableMemory.available", MI, 600 * MI), now), [0]);
+        assert_eq!(
+            s.observe(&t, &obs("allocatableMemory.available", MI, 600 * MI), now),
+            [0]
+        );
         assert_eq!(s.observe(&t, &Observations::new(), now), [0]);
     }
 
     #[test]
     fn signals_map_to_conditions_and_resources() {
-        assert_eq!(condition_of("allocatableMemory.available"), "MemoryPressure");
+        assert_eq!(
+            condition_of("allocatableMemory.available"),
+            "MemoryPressure"
+        );
         assert_eq!(condition_of("imagefs.inodesFree"), "DiskPressure");
         assert_eq!(condition_of("pid.available"), "PIDPressure");
         assert_eq!(resource_of("nodefs.available"), "ephemeral-storage");

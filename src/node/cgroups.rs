@@ -49,7 +49,8 @@ pub fn ensure_pods_cgroup(
             for part in rel.split('/').filter(|p| !p.is_empty()) {
                 // Children get the controllers this level has.
                 let control = dir.join("cgroup.subtree_control");
-                let have = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+                let have =
+                    std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
                 let want: Vec<String> = ["cpu", "memory", "pids"]
                     .iter()
                     .filter(|c| have.split_whitespace().any(|h| h == **c))
@@ -94,6 +95,9 @@ mod tests {
         assert_eq!(top, "+cpu +memory +pids");
         let mid = std::fs::read_to_string(d.path().join("edge/cgroup.subtree_control")).unwrap();
         assert_eq!(mid, "+memory +pids");
-        assert_eq!(std::fs::read_to_string(dir.join("memory.max")).unwrap(), "1073741824");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "1073741824"
+        );
     }
 }

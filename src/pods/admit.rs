@@ -357,6 +357,9 @@ mod tests {
         assert!(admit_under_pressure(&burstable, &["MemoryPressure"]).is_ok());
         assert!(admit_under_pressure(&tolerant, &["MemoryPressure"]).is_ok());
         let r = admit_under_pressure(&burstable, &["DiskPressure", "MemoryPressure"]).unwrap_err();
-        assert_eq!(r.message, "The node had condition: [DiskPressure MemoryPressure]. ");
+        assert_eq!(
+            r.message,
+            "The node had condition: [DiskPressure MemoryPressure]. "
+        );
     }
 }

@@ -95,8 +95,8 @@ pub(crate) fn running_container(id: &str, name: &str) -> kinglet_runtime::Contai
 
 pub use ls::table;
 pub use manager::{PodKiller, PodManager};
-pub use status_manager::PodEntry;
-pub use worker::{EVICTED, KillRequest};
 pub use sources::SourceUpdate;
+pub use status_manager::PodEntry;
 pub use status_manager::StatusManager;
 pub use status_manager::StatusView;
+pub use worker::{EVICTED, KillRequest};

@@ -876,13 +876,15 @@ impl Worker {
             st.message = Some(k.message.clone());
             if k.reason == EVICTED {
                 // As upstream's eviction manager: the pod says who ended it.
-                st.conditions.get_or_insert_with(Vec::new).push(PodCondition {
-                    type_: "DisruptionTarget".into(),
-                    status: "True".into(),
-                    reason: Some("TerminationByKubelet".into()),
-                    message: Some(k.message.clone()),
-                    ..Default::default()
-                });
+                st.conditions
+                    .get_or_insert_with(Vec::new)
+                    .push(PodCondition {
+                        type_: "DisruptionTarget".into(),
+                        status: "True".into(),
+                        reason: Some("TerminationByKubelet".into()),
+                        message: Some(k.message.clone()),
+                        ..Default::default()
+                    });
             }
         }
         self.rep.status(pod, st).await;
