@@ -65,6 +65,7 @@ impl Kubelet {
             std::os::unix::fs::PermissionsExt::from_mode(0o700),
         )
         .with_context(|| format!("cannot make root dir {} private", s.root_dir.display()))?;
+        set_own_oom_score(s.config.oom_score_adj);
         let mut k = Kubelet {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
@@ -574,6 +575,15 @@ impl Kubelet {
             warn!("tasks did not stop within 3s; exiting anyway");
         }
         Ok(())
+    }
+}
+
+/// kinglet's own `oom_score_adj` (`oomScoreAdj`), as upstream's kubelet
+/// sets its own: without `CAP_SYS_RESOURCE` a lower score is refused, and
+/// that is said once.
+fn set_own_oom_score(adj: i32) {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
+        warn!(oom_score_adj = adj, error = %e, "cannot set kinglet's own OOM score");
     }
 }
 

@@ -152,6 +152,9 @@ pub struct KubeletConfiguration {
     /// What node allocatable is enforced on: `pods` (the pods' cgroup gets
     /// capacity − reservations as its memory limit) or `none`.
     pub enforce_node_allocatable: Vec<String>,
+    /// kinglet's own OOM score adjustment (upstream's -999: the agent is
+    /// the last thing the kernel kills).
+    pub oom_score_adj: i32,
     pub max_pods: i32,
     pub pod_pids_limit: i64,
     pub serialize_image_pulls: bool,
@@ -206,6 +209,7 @@ impl Default for KubeletConfiguration {
             cgroup_root: String::new(),
             cgroups_per_qos: true,
             enforce_node_allocatable: vec!["pods".into()],
+            oom_score_adj: -999,
             max_pods: 110,
             pod_pids_limit: -1,
             serialize_image_pulls: true,
@@ -731,6 +735,12 @@ impl KubeletConfiguration {
             ));
         }
         self.eviction_thresholds()?;
+        if !(-1000..=1000).contains(&self.oom_score_adj) {
+            return Err(field_err(
+                "oomScoreAdj",
+                format!("{} must be between -1000 and 1000", self.oom_score_adj),
+            ));
+        }
         for v in &self.enforce_node_allocatable {
             // system-reserved and kube-reserved need their cgroups named
             // (systemReservedCgroup, kubeReservedCgroup): not built.
@@ -1038,5 +1048,43 @@ healthzPort: 10249
             .unwrap_err()
             .to_string();
         assert!(e.contains("tlsCipherSuites[0]"), "{e}");
+    }
+
+    /// The board presets of the README ("Picking the values for a
+    /// board"): on the shipped config they parse and validate, leave the
+    /// pods the limit the table says, a positive allocatable below it, and
+    /// the soft threshold above the hard one.
+    #[test]
+    fn board_presets_leave_the_os_its_memory() {
+        let shipped = include_str!("../../packaging/config.yaml");
+        const MI: u64 = 1 << 20;
+        for (ram_mb, sys, kube, hard, alloc, soft, limit_mib) in [
+            (512u64, "96Mi", "32Mi", "64Mi", "32Mi", "128Mi", 384u64),
+            (1024, "128Mi", "48Mi", "100Mi", "64Mi", "200Mi", 848),
+            (2048, "192Mi", "64Mi", "150Mi", "100Mi", "300Mi", 1792),
+        ] {
+            // The preset's fields replace the shipped file's.
+            let base: String = shipped
+                .split("# Small machines")
+                .next()
+                .unwrap()
+                .to_string();
+            let text = format!(
+                "{base}systemReserved: {{memory: {sys}}}\nkubeReserved: {{memory: {kube}}}\nevictionHard: {{memory.available: {hard}, allocatableMemory.available: {alloc}}}\nevictionSoft: {{memory.available: {soft}}}\nevictionSoftGracePeriod: {{memory.available: 30s}}\n"
+            );
+            let (cfg, w) = parse_ok(&text);
+            assert!(w.is_empty(), "{ram_mb} MB: {w:?}");
+            let t = cfg.eviction_thresholds().unwrap();
+            let ram = ram_mb * MI;
+            let reserved = parse_quantity(sys).unwrap() + parse_quantity(kube).unwrap();
+            let limit = ram - reserved;
+            assert_eq!(limit / MI, limit_mib, "{ram_mb} MB");
+            let hard = t.hard["memory.available"].resolve(ram);
+            let soft = t.soft["memory.available"].0.resolve(ram);
+            assert!(soft > hard, "{ram_mb} MB");
+            assert!(hard >= 64 * MI && limit > hard, "{ram_mb} MB");
+            let alloc_hard = t.hard["allocatableMemory.available"].resolve(limit);
+            assert!(alloc_hard < limit / 4, "{ram_mb} MB");
+        }
     }
 }
