@@ -86,20 +86,24 @@ fn x509(path: &Path) -> (String, String, u64) {
     (field("subject="), field("issuer="), secs)
 }
 
+/// Whether a command succeeded, and its stdout and stderr together.
+fn outcome(out: std::process::Output) -> (bool, String) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 fn kubectl(args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(cluster_dir().join("admin.kubeconfig"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
+    outcome(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(cluster_dir().join("admin.kubeconfig"))
+            .args(args)
+            .output()
+            .unwrap(),
     )
 }
 
@@ -113,16 +117,6 @@ async fn csrs_of(admin: &kube::Client, node: &str, signer: &str) -> Vec<Certific
             c.spec.username.as_deref() == Some(user.as_str()) && c.spec.signer_name == signer
         })
         .collect()
-}
-
-fn approved(c: &CertificateSigningRequest) -> bool {
-    c.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|x| x.type_ == "Approved" && x.status == "True")
-        })
 }
 
 #[tokio::test]
@@ -185,7 +179,7 @@ async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() 
         "the new certificate is short-lived too"
     );
     let mine = csrs_of(&admin, &name, "kubernetes.io/kube-apiserver-client-kubelet").await;
-    assert!(mine.iter().any(approved), "{mine:?}");
+    assert!(mine.iter().any(csr_approved), "{mine:?}");
     let log = k.log();
     assert!(log.contains("certificate rotated"), "{log}");
 
@@ -199,23 +193,9 @@ async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() 
     // a pod bound to it runs and its status comes back.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let pod_name = format!("{name}-after");
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": pod_name},
-        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1,
-                 "containers": [{"name": "c", "image": "kinglet.test/busybox:1",
-                                 "command": ["sleep", "3600"]}]}
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for(
-        "the pod runs after the old certificate expired",
-        Duration::from_secs(60),
-        || async {
-            let p = pods.get(&pod_name).await.ok()?;
-            (p.status?.phase? == "Running").then_some(())
-        },
-    )
-    .await;
+    let spec = serde_json::json!({"containers": [{"name": "c", "image": "kinglet.test/busybox:1",
+                                                 "command": ["sleep", "3600"]}]});
+    pods::create_running(&pods, &name, &pod_name, spec).await;
     let log = k.log();
     assert!(
         !log.contains("Unauthorized"),
@@ -239,14 +219,7 @@ fn curl_verified(port: u16, path: &str) -> (bool, String) {
         .arg(format!("https://127.0.0.1:{port}{path}"))
         .output()
         .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    outcome(out)
 }
 
 #[tokio::test]

@@ -86,23 +86,6 @@ async fn bearer_of(
     format!("Authorization: Bearer {}", status.unwrap().token.unwrap())
 }
 
-/// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
-/// period) and waits until it runs.
-async fn create_running(pods: &Api<Pod>, node: &str, name: &str, mut spec: serde_json::Value) {
-    spec["nodeName"] = node.into();
-    spec["terminationGracePeriodSeconds"] = 1.into();
-    let p: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_for("the pod runs", Duration::from_secs(60), || async {
-        let p = pods.get(name).await.ok()?;
-        (p.status?.phase? == "Running").then_some(())
-    })
-    .await;
-}
-
 /// A node of `rt` joined and Ready: (kinglet, its log dir, the admin
 /// client, the default namespace's pods, the Node).
 async fn ready_node(
@@ -321,7 +304,7 @@ async fn kubectl_exec(rt: Rt) {
         "{declared:?}"
     );
     let name = format!("{node}-sh");
-    create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"],
+    pods::create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"],
                                      "env": [{"name": "GREETING", "value": "hello from the pod"}]}]})).await;
     // Both output streams, apart, and the exit code.
     let script = "echo out; echo err >&2; echo $GREETING; exit 3";
@@ -367,7 +350,7 @@ async fn kubectl_port_forward(rt: Rt) {
     let node = k.name.clone();
     let name = format!("{node}-echo");
     // An echo server in the pod, reached through its network namespace.
-    create_running(
+    pods::create_running(
         &pods,
         &node,
         &name,
@@ -462,7 +445,7 @@ async fn kubectl_exec_on_a_terminal(rt: Rt) {
     let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-tty").await;
     let node = k.name.clone();
     let name = format!("{node}-tty");
-    create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]})).await;
+    pods::create_running(&pods, &node, &name, serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]})).await;
     let (mut master, slave) = openpty(91, 27);
     let kc = cluster_dir().join("admin.kubeconfig");
     let mut child = KillOnDrop(
@@ -537,7 +520,7 @@ async fn kubectl_attach(rt: Rt) {
     let node = k.name.clone();
     let name = format!("{node}-att");
     let script = r#"while read l; do echo "got:$l"; [ "$l" = bye ] && exit 0; done"#;
-    create_running(
+    pods::create_running(
         &pods,
         &node,
         &name,
@@ -633,7 +616,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     let script = "head -c 20971520 /dev/zero > /dev/shm/fill; while :; do :; done";
     let probe = serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
     let c = serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script], "readinessProbe": probe});
-    create_running(&pods, &node, &name, serde_json::json!({"containers": [c]})).await;
+    pods::create_running(&pods, &node, &name, serde_json::json!({"containers": [c]})).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = node_get(&k, "/stats/summary");
     tokio::time::sleep(Duration::from_secs(2)).await;

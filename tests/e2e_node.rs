@@ -403,15 +403,7 @@ async fn tls_bootstrap_from_a_bootstrap_token_to_ready() {
     let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
     let mine = bootstrap_csrs(&csrs, &id).await;
     assert!(!mine.is_empty(), "no CSR from the bootstrap token");
-    let approved = mine.iter().any(|c| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|x| x.type_ == "Approved" && x.status == "True")
-            })
-    });
+    let approved = mine.iter().any(csr_approved);
     assert!(approved, "{mine:?}");
     // A restart uses the certificate it has: no second request.
     let before = mine.len();

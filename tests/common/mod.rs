@@ -544,3 +544,14 @@ pub async fn delete_pods(pods: &Api<k8s_openapi::api::core::v1::Pod>, names: &[S
         .await;
     }
 }
+
+/// A CertificateSigningRequest with the `Approved` condition.
+pub fn csr_approved(c: &k8s_openapi::api::certificates::v1::CertificateSigningRequest) -> bool {
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|x| x.type_ == "Approved" && x.status == "True")
+        })
+}

@@ -116,3 +116,31 @@ pub fn cleanup_root(root: &Path) {
         }
     }
 }
+
+/// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
+/// period) and waits until it runs.
+pub async fn create_running(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    node: &str,
+    name: &str,
+    mut spec: serde_json::Value,
+) {
+    spec["nodeName"] = node.into();
+    spec["terminationGracePeriodSeconds"] = 1.into();
+    let p: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
+    }))
+    .unwrap();
+    pods.create(&kube::api::PostParams::default(), &p)
+        .await
+        .unwrap();
+    super::wait_for(
+        "the pod runs",
+        std::time::Duration::from_secs(60),
+        || async {
+            let p = pods.get(name).await.ok()?;
+            (p.status?.phase? == "Running").then_some(())
+        },
+    )
+    .await;
+}

@@ -312,6 +312,28 @@ async fn send_with_fds(
     }
 }
 
+/// One answer line: the monitor's error as an error, no answer (a closed
+/// connection) or an unreadable one as a failure.
+fn answer(out: &[u8]) -> Result<Response, MonitorError> {
+    if out.is_empty() {
+        return Err(MonitorError::Failed(
+            "connection closed without an answer".into(),
+        ));
+    }
+    match serde_json::from_slice(out) {
+        Ok(Response::Error { message, kind }) => Err(match kind {
+            ErrorKind::NotFound => MonitorError::NotFound(message),
+            _ => MonitorError::Failed(message),
+        }),
+        Ok(r) => Ok(r),
+        Err(e) => Err(MonitorError::Failed(format!("bad answer: {e}"))),
+    }
+}
+
+fn unexpected(r: Response) -> MonitorError {
+    MonitorError::Failed(format!("unexpected answer {r:?}"))
+}
+
 /// Talks to the monitor.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -408,16 +430,9 @@ impl Client {
         conn.read_line(&mut out)
             .await
             .map_err(|e| self.io_error(e))?;
-        match serde_json::from_str(&out) {
-            Ok(Response::Exec { pid }) => Ok(ExecHandle { pid, conn }),
-            Ok(Response::Error { message, kind }) => Err(match kind {
-                ErrorKind::NotFound => MonitorError::NotFound(message),
-                _ => MonitorError::Failed(message),
-            }),
-            _ if out.is_empty() => Err(MonitorError::Failed(
-                "connection closed without an answer".into(),
-            )),
-            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        match answer(out.as_bytes())? {
+            Response::Exec { pid } => Ok(ExecHandle { pid, conn }),
+            other => Err(unexpected(other)),
         }
     }
 
@@ -440,22 +455,15 @@ impl Client {
             .map_err(|e| self.io_error(e))?;
         s.write_all(&line).await.map_err(|e| self.io_error(e))?;
         let (out, mut fds) = recv_line_with_fds(&s).await.map_err(|e| self.io_error(e))?;
-        match serde_json::from_slice(&out) {
-            Ok(Response::Exec { pid }) => {
+        match answer(&out)? {
+            Response::Exec { pid } => {
                 let master = fds
                     .pop()
                     .ok_or_else(|| MonitorError::Failed("the monitor sent no terminal".into()))?;
                 let conn = BufReader::new(s);
                 Ok((ExecHandle { pid, conn }, master))
             }
-            Ok(Response::Error { message, kind }) => Err(match kind {
-                ErrorKind::NotFound => MonitorError::NotFound(message),
-                _ => MonitorError::Failed(message),
-            }),
-            _ if out.is_empty() => Err(MonitorError::Failed(
-                "connection closed without an answer".into(),
-            )),
-            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+            other => Err(unexpected(other)),
         }
     }
 
@@ -478,16 +486,9 @@ impl Client {
             .map_err(|e| self.io_error(e))?;
         drop(taps);
         let (out, mut fds) = recv_line_with_fds(&s).await.map_err(|e| self.io_error(e))?;
-        match serde_json::from_slice(&out) {
-            Ok(Response::Attached { stdin }) => Ok(stdin.then(|| fds.pop()).flatten()),
-            Ok(Response::Error { message, kind }) => Err(match kind {
-                ErrorKind::NotFound => MonitorError::NotFound(message),
-                _ => MonitorError::Failed(message),
-            }),
-            _ if out.is_empty() => Err(MonitorError::Failed(
-                "connection closed without an answer".into(),
-            )),
-            other => Err(MonitorError::Failed(format!("unexpected answer {other:?}"))),
+        match answer(&out)? {
+            Response::Attached { stdin } => Ok(stdin.then(|| fds.pop()).flatten()),
+            other => Err(unexpected(other)),
         }
     }
 
