@@ -30,6 +30,8 @@ pub struct Kubelet {
     /// The eviction manager's node conditions: node status and admission
     /// read them.
     pressure: Arc<crate::eviction::Pressure>,
+    /// Image GC, shared with the eviction manager's disk reclaim.
+    image_gc: Option<Arc<tokio::sync::Mutex<pods::image_gc::ImageGc>>>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -70,6 +72,7 @@ impl Kubelet {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
             pressure: Arc::default(),
+            image_gc: None,
         };
         let started = k.start_runtime(&s).await?;
         let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
@@ -79,8 +82,9 @@ impl Kubelet {
             addresses: node::host::node_addresses(s.node_ip, &s.node_name),
         };
         let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
-        k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
+        // Images first: the eviction manager reclaims through image GC.
         k.start_images(&s, &started);
+        k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
         let update = s.config.node_status_update_frequency.0;
         let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
         k.start_healthz(&s, vec![("syncloop", syncloop.clone()), ("PLEG", relist)])
@@ -274,12 +278,18 @@ impl Kubelet {
                 max_pod_grace: Duration::from_secs(cfg.eviction_max_pod_grace_period.max(0) as u64),
                 sources: signals::Sources {
                     host: node::host::HostPaths::default(),
+                    cgroup_mount: mount.to_path_buf(),
                     pods,
                     pods_capacity,
                     nodefs: s.root_dir.clone(),
                     imagefs: s.root_dir.clone(),
                 },
                 housekeeping: Duration::from_secs(10),
+                storage: eviction::storage::Roots {
+                    volumes: s.root_dir.join("volumes"),
+                    logs: s.pod_log_dir.clone(),
+                },
+                image_gc: self.image_gc.clone(),
             },
             view,
             runtime: started.runtime.clone(),
@@ -299,7 +309,9 @@ impl Kubelet {
             min_age: cfg.image_minimum_gc_age.0,
         };
         let gc = pods::image_gc::ImageGc::new(started.runtime.clone(), policy);
-        self.spawn(gc.run(self.shutdown.clone()));
+        let gc = Arc::new(tokio::sync::Mutex::new(gc));
+        self.image_gc = Some(gc.clone());
+        self.spawn(pods::image_gc::ImageGc::run(gc, self.shutdown.clone()));
         if let Some(store) = &started.store {
             let watch = images::watch_import_dir(
                 store.clone(),

@@ -13,6 +13,16 @@
 //!   refused (`Evicted`, "The node had condition: [MemoryPressure]. "),
 //!   the controller-manager taints the node `memory-pressure:NoSchedule`;
 //!   both go once the transition period (10 s here) has passed.
+//!
+//! And a static pod holding 350 MiB (critical: never evicted, though it
+//! uses the most) beside an API pod ramping at about 20 MiB/s: the API
+//! pod is evicted, the static one keeps running.
+//!
+//! Disk: the node's root dir on a 300 MiB loop-mounted ext4,
+//! `nodefs.available<120Mi`; a pod filling an emptyDir → the unused image
+//! is collected first, then the writer is evicted (`ephemeral-storage`),
+//! its emptyDir freed, `DiskPressure` set and cleared; a pod over its
+//! emptyDir `sizeLimit` is evicted at once with upstream's message.
 
 mod common;
 
@@ -22,7 +32,11 @@ use common::*;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 
-crate::both_runtimes!(memory_pressure_evicts_the_hog_and_spares_the_rest);
+crate::both_runtimes!(
+    memory_pressure_evicts_the_hog_and_spares_the_rest,
+    a_critical_static_pod_is_spared_though_it_uses_most,
+    disk_pressure_collects_images_then_evicts_the_writer
+);
 
 const BB: &str = "kinglet.test/busybox:1";
 const MI: u64 = 1 << 20;
@@ -92,17 +106,37 @@ fn has_taint(n: &Node, key: &str) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == key && t.effect == "NoSchedule"))
 }
 
-async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
+/// A node whose pods' cgroup is capped at 600 MiB with a hard threshold
+/// at 150 MiB available; `extra` config lines. (node, its cgroup root).
+async fn small_node(rt: Rt, prefix: &str, extra: &str) -> (Kinglet, String) {
     let admin = admin().await;
-    let name = unique_name(&format!("kl-evict-{}", format!("{rt:?}").to_lowercase()));
+    let name = unique_name(&format!("{prefix}-{}", format!("{rt:?}").to_lowercase()));
     let root = format!("kinglet-{name}");
     let reserved = mem_total() - 600 * MI;
     let config = format!(
-        "{FAST_CONFIG}cgroupRoot: /{root}\nsystemReserved: {{memory: \"{reserved}\"}}\nevictionHard: {{allocatableMemory.available: 150Mi}}\nevictionPressureTransitionPeriod: 10s\n"
+        "{FAST_CONFIG}cgroupRoot: /{root}\nsystemReserved: {{memory: \"{reserved}\"}}\nevictionHard: {{allocatableMemory.available: 150Mi}}\nevictionPressureTransitionPeriod: 10s\n{extra}"
     );
-    let mut k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
+    let k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(60)).await;
+    (k, root)
+}
+
+/// Anonymous memory at `per_tenth` MiB every 0.1 s (about 10× that a
+/// second), up to `mib` if given, then held.
+fn ramp(per_tenth: u32, mib: Option<u32>) -> String {
+    let until = mib.map_or(String::new(), |m| format!("i<{m}"));
+    format!(
+        r#"awk 'BEGIN{{ b=sprintf("%1048576s",""); for(i=0;{until};i++){{ a[i]=b i; if(i%{per_tenth}=={}) system("sleep 0.1") }}; system("sleep 3600") }}'"#,
+        per_tenth - 1
+    )
+}
+
+async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
+    let admin = admin().await;
+    let (mut k, root) = small_node(rt, "kl-evict", "").await;
+    let name = k.name.clone();
+    let nodes: Api<Node> = Api::all(admin.clone());
     let limit = std::fs::read_to_string(format!(
         "/sys/fs/cgroup/memory/{root}/kubepods/memory.limit_in_bytes"
     ))
@@ -144,13 +178,12 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         .await;
     }
     // About 100 MiB/s of anonymous memory, kept.
-    let ramp = r#"awk 'BEGIN{ b=sprintf("%1048576s",""); for(i=0;;i++){ a[i]=b i; if(i%10==9) system("sleep 0.1") } }'"#;
     create(
         &pods,
         &name,
         &hog,
         serde_json::json!({"name": "hog", "image": BB,
-        "command": ["sh", "-c", ramp]}),
+        "command": ["sh", "-c", ramp(10, None)]}),
     )
     .await;
     wait_for("the hog runs", Duration::from_secs(60), || async {
@@ -282,4 +315,253 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;
     remove_cgroups(&root);
+}
+
+async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
+    let admin = admin().await;
+    let manifests = tempfile::tempdir().unwrap();
+    let extra = format!("staticPodPath: {}\n", manifests.path().display());
+    let (mut k, root) = small_node(rt, "kl-spare", &extra).await;
+    let name = k.name.clone();
+    // The static pod takes 350 MiB and holds it (the script in a YAML
+    // single-quoted string: its quotes doubled).
+    let big = ramp(10, Some(350)).replace('\'', "''");
+    std::fs::write(
+        manifests.path().join("big.yaml"),
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: big, namespace: default}}\nspec:\n  restartPolicy: Never\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: big\n    image: {BB}\n    command: [sh, -c, '{big}']\n"
+        ),
+    )
+    .unwrap();
+    let mirror = format!("big-{name}");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    wait_for(
+        "the static pod holds 350 MiB",
+        Duration::from_secs(90),
+        || async {
+            let usage = std::fs::read_to_string(format!(
+                "/sys/fs/cgroup/memory/{root}/kubepods/memory.usage_in_bytes"
+            ))
+            .or_else(|_| {
+                std::fs::read_to_string(format!("/sys/fs/cgroup/{root}/kubepods/memory.current"))
+            })
+            .ok()?;
+            (usage.trim().parse::<u64>().ok()? >= 345 * MI).then_some(())
+        },
+    )
+    .await;
+    // About 20 MiB/s from an API pod: the threshold is met with it near
+    // 100 MiB and the static pod at 350.
+    let slow = format!("{name}-slow");
+    create(
+        &pods,
+        &name,
+        &slow,
+        serde_json::json!({"name": "slow", "image": BB,
+        "command": ["sh", "-c", ramp(2, None)]}),
+    )
+    .await;
+    let s = wait_for(
+        "the API pod is evicted",
+        Duration::from_secs(60),
+        || async {
+            let s = pods.get(&slow).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Failed")).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
+    assert_eq!(oom_kills(&root), 0, "the kernel OOM killer acted first");
+    let m = pods.get(&mirror).await.unwrap();
+    assert_eq!(
+        m.status.and_then(|s| s.phase).as_deref(),
+        Some("Running"),
+        "the static pod was touched"
+    );
+    let log = k.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("evicting")).count(),
+        1,
+        "{log}"
+    );
+    std::fs::remove_file(manifests.path().join("big.yaml")).unwrap();
+    delete_pods(&pods, &[slow]).await;
+    wait_for("the static pod stops", Duration::from_secs(30), || async {
+        pods.get(&mirror).await.is_err().then_some(())
+    })
+    .await;
+    k.terminate(Duration::from_secs(5));
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let _ = nodes.delete(&name, &Default::default()).await;
+    remove_cgroups(&root);
+}
+
+/// A small ext4 on a loop device mounted at `at` (lazily unmounted and
+/// deleted when dropped).
+struct LoopFs {
+    at: std::path::PathBuf,
+    image: std::path::PathBuf,
+}
+
+impl LoopFs {
+    fn mount(at: &std::path::Path, mib: u64) -> LoopFs {
+        let image = at.with_extension("img");
+        let run = |cmd: &str, args: &[&str]| {
+            let out = std::process::Command::new(cmd).args(args).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{cmd}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let img = image.display().to_string();
+        run("truncate", &["-s", &format!("{mib}M"), &img]);
+        run("mkfs.ext4", &["-q", "-F", &img]);
+        run("mount", &["-o", "loop", &img, &at.display().to_string()]);
+        LoopFs {
+            at: at.to_path_buf(),
+            image,
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
+    let admin = admin().await;
+    let name = unique_name(&format!("kl-disk-{}", format!("{rt:?}").to_lowercase()));
+    let config = format!(
+        "{FAST_CONFIG}evictionHard: {{nodefs.available: 120Mi}}\nevictionPressureTransitionPeriod: 10s\nimageMinimumGCAge: 0s\n"
+    );
+    let fs = std::cell::RefCell::new(None);
+    let mut k = Kinglet::start_rt_prepared(
+        rt,
+        &name,
+        &config,
+        true,
+        &[],
+        // The unused image: collected before any pod is evicted.
+        &[pods::busybox_archive(), pods::busybox_usr1_archive()],
+        &|root| *fs.borrow_mut() = Some(LoopFs::mount(root, 300)),
+    );
+    let fs = fs.into_inner().unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(60)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let idle = format!("{name}-idle");
+    create(
+        &pods,
+        &name,
+        &idle,
+        serde_json::json!({"name": "c", "image": BB,
+        "command": ["sleep", "3600"]}),
+    )
+    .await;
+    let writer = format!("{name}-writer");
+    let mut p: serde_json::Value = serde_json::json!({
+        "metadata": {"name": writer},
+        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                 "volumes": [{"name": "data", "emptyDir": {}}],
+                 "containers": [{"name": "w", "image": BB,
+                     "command": ["sh", "-c", "dd if=/dev/zero of=/data/fill bs=1M count=220; sleep 3600"],
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"}]}]}
+    });
+    let pod: Pod = serde_json::from_value(p.take()).unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let s = wait_for("the writer is evicted", Duration::from_secs(90), || async {
+        let s = pods.get(&writer).await.ok()?.status?;
+        (s.phase.as_deref() == Some("Failed")).then_some(s)
+    })
+    .await;
+    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
+    let msg = s.message.unwrap_or_default();
+    assert!(
+        msg.starts_with("The node was low on resource: ephemeral-storage. Threshold quantity: 120Mi, available: "),
+        "{msg}"
+    );
+    let log = k.log();
+    let reclaimed = log
+        .lines()
+        .position(|l| l.contains("disk pressure: unused images removed"));
+    let evicted = log.lines().position(|l| l.contains("evicting"));
+    assert!(
+        matches!((reclaimed, evicted), (Some(r), Some(e)) if r < e),
+        "image GC did not come first:\n{log}"
+    );
+    let first = log
+        .lines()
+        .find(|l| l.contains("disk pressure: unused images removed"))
+        .unwrap_or_default();
+    assert!(
+        !first.contains("images=0"),
+        "no image was collected: {first}"
+    );
+    assert_eq!(phase(&pods, &idle).await.as_deref(), Some("Running"));
+    // The writer's emptyDir went with its termination: the disk recovers.
+    wait_for(
+        "DiskPressure set, then cleared",
+        Duration::from_secs(60),
+        || async {
+            let n = nodes.get(&name).await.ok()?;
+            (condition(&n, "DiskPressure").map(|c| c.0).as_deref() == Some("False")).then_some(())
+        },
+    )
+    .await;
+    let free = nix_free(&fs.at);
+    assert!(
+        free > 150 * MI,
+        "the emptyDir was not freed: {free} bytes free"
+    );
+    // An emptyDir over its sizeLimit: evicted whatever the node's state.
+    let over = format!("{name}-over");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": over},
+        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                 "volumes": [{"name": "small", "emptyDir": {"sizeLimit": "1Mi"}}],
+                 "containers": [{"name": "w", "image": BB,
+                     "command": ["sh", "-c", "dd if=/dev/zero of=/small/f bs=1M count=4; sleep 3600"],
+                     "volumeMounts": [{"name": "small", "mountPath": "/small"}]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let s = wait_for(
+        "the pod over its sizeLimit is evicted",
+        Duration::from_secs(60),
+        || async {
+            let s = pods.get(&over).await.ok()?.status?;
+            (s.phase.as_deref() == Some("Failed")).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(s.reason.as_deref(), Some("Evicted"));
+    assert_eq!(
+        s.message.as_deref(),
+        Some("Usage of EmptyDir volume \"small\" exceeds the limit \"1Mi\". ")
+    );
+    delete_pods(&pods, &[idle, writer, over]).await;
+    k.terminate(Duration::from_secs(5));
+    let _ = nodes.delete(&name, &Default::default()).await;
+    drop(fs);
+}
+
+/// Free bytes of the filesystem at `p` (`df`).
+fn nix_free(p: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0)
 }

@@ -13,17 +13,21 @@
 //! sync stays for the disk and PID signals and as the safety net, and a
 //! host without any event source is polled every second instead.
 //!
-//! Evicted for now: memory and PID signals. Disk signals set
-//! `DiskPressure` (and admission refuses pods under it) but evict nothing
-//! yet: upstream reclaims images and dead containers first, and per-pod
-//! disk usage is not measured here yet.
+//! Disk signals reclaim first: every unused image (upstream's image GC;
+//! dead containers are kept, they hold the last run's logs); if that did
+//! not bring the signal back above its threshold, pods are ranked by
+//! their local storage ([`storage`]: emptyDirs on disk and logs). A pod
+//! whose emptyDir exceeds its `sizeLimit` is evicted at once, whatever
+//! the node's state.
 
 pub mod notify;
 pub mod rank;
 pub mod signals;
+pub mod storage;
 pub mod thresholds;
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -66,6 +70,9 @@ pub struct Settings {
     pub sources: signals::Sources,
     /// The periodic sync (upstream's 10 s).
     pub housekeeping: Duration,
+    pub storage: storage::Roots,
+    /// Node-level reclaim for disk signals.
+    pub image_gc: Option<Arc<tokio::sync::Mutex<crate::pods::image_gc::ImageGc>>>,
 }
 
 /// The manager's parts.
@@ -90,147 +97,82 @@ struct Round {
     pending: Option<(String, Instant)>,
 }
 
-/// Signals that evict pods today (see the module docs).
-fn evicts(signal: &str) -> bool {
-    signal.contains("emory") || signal == "pid.available"
-}
-
 impl Manager {
-    pub async fn run(self, stop: CancellationToken) {
-        let mut state = Round::default();
-        let mut psi = notify::psi(&self.settings.sources.host.proc.join("pressure/memory"));
-        if let Err(e) = &psi {
-            info!(error = %e, "no PSI memory trigger");
+    pub async fn run(mut self, stop: CancellationToken) {
+        // The image filesystem is the runtime's (containerd's root with
+        // CRI, the root dir in-process).
+        if let Ok(fs) = self.runtime.image_fs_info().await
+            && let Some(f) = fs.first()
+        {
+            self.settings.sources.imagefs = f.mountpoint.clone().into();
         }
-        let mut events = self
-            .settings
-            .sources
-            .pods
-            .as_ref()
-            .map(notify::memory_events);
-        let mut armed: Option<notify::Source> = None;
-        let mut last_armed = 0u64;
-        let mut announced = false;
+        let mut round = Round::default();
+        let mut wakers = Wakers::new(&self.settings.sources);
         let mut woke = ("start", Instant::now());
         loop {
-            let (obs, evicted) = self.synchronize(&mut state, woke).await;
-            // Re-arm the memcg threshold where the pods' working set would
-            // meet the tightest memory threshold.
-            if let Some(level) = self.memcg_level(&obs)
-                && level != last_armed
-            {
-                armed = self.settings.sources.pods.as_ref().and_then(|cg| {
-                    match notify::memcg_threshold(cg, level) {
-                        Ok(s) => Some(s),
-                        Err(e) => {
-                            warn!(error = %e, cgroup = %cg.dir.display(), "cannot arm a memcg threshold");
-                            None
-                        }
-                    }
-                });
-                debug!(level, armed = armed.is_some(), "memcg threshold armed");
-                last_armed = level;
-            }
-            let have_events =
-                armed.is_some() || psi.is_ok() || events.as_ref().is_some_and(|e| e.is_ok());
-            if !announced {
-                announced = true;
-                info!(
-                    memcg_threshold = armed.is_some(),
-                    psi = psi.is_ok(),
-                    memory_events = events.as_ref().is_some_and(|e| e.is_ok()),
-                    "eviction manager: memory pressure is watched by these events{}",
-                    if have_events {
-                        ""
-                    } else {
-                        " (none: polling every second)"
-                    }
-                );
-            }
-            let wait = if evicted || !have_events {
+            let (obs, evicted) = self.synchronize(&mut round, woke).await;
+            wakers.arm(self.memcg_levels(&obs));
+            wakers.announce_once();
+            let wait = if evicted || !wakers.any() {
                 Duration::from_secs(1)
             } else {
                 self.settings.housekeeping
             };
-            let armed_wait = async {
-                match armed.as_mut() {
-                    Some(s) => s.wait().await,
-                    None => std::future::pending().await,
-                }
-            };
-            let psi_wait = async {
-                match psi.as_mut() {
-                    Ok(s) => s.wait().await,
-                    Err(_) => std::future::pending().await,
-                }
-            };
-            let events_wait = async {
-                match events.as_mut() {
-                    Some(Ok(s)) => s.wait().await,
-                    _ => std::future::pending().await,
-                }
-            };
-            // Which source broke, if one did: it is dropped, not retried.
-            let (by, broken) = tokio::select! {
+            tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(wait) => ("sync", None),
-                r = armed_wait => ("memcg threshold", r.is_err().then_some(0)),
-                r = psi_wait => ("PSI", r.is_err().then_some(1)),
-                r = events_wait => ("memory.events", r.is_err().then_some(2)),
-            };
-            woke = (by, Instant::now());
-            match broken {
-                Some(0) => armed = None,
-                Some(1) => psi = Err(std::io::Error::other("the PSI trigger failed")),
-                Some(2) => events = None,
-                _ => {}
+                by = wakers.wait(wait) => woke = (by, Instant::now()),
             }
         }
     }
 
-    /// The v1 usage level of the pods' cgroup at which the tightest
-    /// `allocatableMemory.available` threshold is met: capacity −
-    /// threshold + inactive file pages (usage counts them, the working
-    /// set does not), as upstream's memory threshold notifier.
-    fn memcg_level(&self, obs: &Observations) -> Option<u64> {
-        let o = obs.get("allocatableMemory.available")?;
-        let cg = self.settings.sources.pods.as_ref()?;
-        let tightest = self
-            .settings
-            .thresholds
-            .iter()
-            .filter(|t| t.signal == "allocatableMemory.available")
-            .map(|t| t.value.resolve(o.capacity))
-            .max()?;
-        let inactive = cg.inactive_file().unwrap_or(0);
-        Some(o.capacity.saturating_sub(tightest).saturating_add(inactive))
+    /// The v1 usage levels at which the tightest memory thresholds are
+    /// met, per cgroup: capacity − threshold + inactive file pages (usage
+    /// counts them, the working set does not), as upstream's memory
+    /// threshold notifier: the pods' cgroup for
+    /// `allocatableMemory.available`, the root for `memory.available`.
+    fn memcg_levels(&self, obs: &Observations) -> Vec<(signals::MemCgroup, u64)> {
+        let root = signals::MemCgroup::new(&self.settings.sources.cgroup_mount, "");
+        let targets = [
+            (
+                "allocatableMemory.available",
+                self.settings.sources.pods.clone(),
+            ),
+            ("memory.available", Some(root)),
+        ];
+        targets
+            .into_iter()
+            .filter_map(|(signal, cg)| {
+                let (o, cg) = (obs.get(signal)?, cg?);
+                let tightest = self
+                    .settings
+                    .thresholds
+                    .iter()
+                    .filter(|t| t.signal == signal)
+                    .map(|t| t.value.resolve(o.capacity))
+                    .max()?;
+                let inactive = cg.inactive_file()?;
+                let level = o.capacity.saturating_sub(tightest).saturating_add(inactive);
+                Some((cg, level))
+            })
+            .collect()
     }
 
     /// One round: observe, publish the conditions, evict at most one pod
     /// (none while the last one evicted is still terminating, up to 30 s,
-    /// as upstream waits for its cleanup). `woke`: what started the round
-    /// and when (for the log).
+    /// as upstream waits for its cleanup): one over its local storage
+    /// limits first, then for the first threshold met (memory before the
+    /// rest), disk thresholds after the node-level reclaim. `woke`: what
+    /// started the round and when (for the log).
     async fn synchronize(
         &self,
         round: &mut Round,
         woke: (&'static str, Instant),
     ) -> (Observations, bool) {
-        let state = &mut round.state;
-        let sources = self.settings.sources.clone();
-        let obs = tokio::task::spawn_blocking(move || signals::observe(&sources))
-            .await
-            .unwrap_or_default();
+        let obs = self.observe().await;
         let now = Instant::now();
-        let met = state.observe(&self.settings.thresholds, &obs, now);
+        let met = round.state.observe(&self.settings.thresholds, &obs, now);
         self.pressure
-            .set(state.conditions(now, self.settings.transition));
-        let Some(t) = met
-            .iter()
-            .map(|&i| &self.settings.thresholds[i])
-            .find(|t| evicts(&t.signal))
-        else {
-            return (obs, false);
-        };
+            .set(round.state.conditions(now, self.settings.transition));
         if let Some((uid, at)) = &round.pending {
             let gone = self.view.get(uid).is_none_or(|e| {
                 matches!(
@@ -241,38 +183,81 @@ impl Manager {
             if !gone && at.elapsed() < POD_CLEANUP_TIMEOUT {
                 return (obs, true);
             }
+            round.pending = None;
         }
-        round.pending = self
-            .evict_one(t, &obs, woke)
-            .await
-            .map(|uid| (uid, Instant::now()));
-        let evicted = round.pending.is_some();
-        (obs, evicted)
+        let victim = match self.local_storage_victim().await {
+            Some(v) => Some(v),
+            None => self.threshold_victim(&met, &obs).await,
+        };
+        let Some(v) = victim else {
+            return (obs, false);
+        };
+        round.pending = Some((v.uid.clone(), Instant::now()));
+        self.evict(v, woke).await;
+        (obs, true)
     }
 
-    /// Evicts the first pod in rank for `t`'s resource.
-    async fn evict_one(
-        &self,
-        t: &Threshold,
-        obs: &Observations,
-        woke: (&'static str, Instant),
-    ) -> Option<String> {
-        let mut candidates = self.candidates().await;
+    async fn observe(&self) -> Observations {
+        let sources = self.settings.sources.clone();
+        tokio::task::spawn_blocking(move || signals::observe(&sources))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The first pod with an emptyDir over its `sizeLimit`
+    /// (`localStorageEviction`: at once, whatever the node's state).
+    async fn local_storage_victim(&self) -> Option<Victim> {
+        let roots = self.settings.storage.clone();
+        let pods = self.active_pods();
+        let found = tokio::task::spawn_blocking(move || {
+            pods.into_iter()
+                .find_map(|(uid, e)| storage::over_limit(&e.pod, &uid, &roots).map(|m| (uid, e, m)))
+        })
+        .await
+        .ok()??;
+        let (uid, e, message) = found;
+        Some(Victim {
+            uid,
+            pod: e.pod,
+            message,
+            grace: Duration::ZERO,
+            signal: "emptydirfs.limit".into(),
+        })
+    }
+
+    /// The pod to evict for the thresholds met, if one is needed: memory
+    /// signals first; for disk signals only if image GC did not free
+    /// enough.
+    async fn threshold_victim(&self, met: &[usize], obs: &Observations) -> Option<Victim> {
+        let mut met: Vec<&Threshold> = met.iter().map(|&i| &self.settings.thresholds[i]).collect();
+        met.sort_by_key(|t| thresholds::resource_of(&t.signal) != "memory");
+        let t = *met.first()?;
+        let resource = thresholds::resource_of(&t.signal);
+        if resource == "ephemeral-storage" || resource == "inodes" {
+            if self.reclaim_images().await {
+                let again = self.observe().await;
+                let o = again.get(t.signal.as_str())?;
+                if o.available >= t.value.resolve(o.capacity) {
+                    info!(signal = %t.signal, "image garbage collection relieved the disk; no eviction");
+                    return None;
+                }
+            }
+        }
+        let mut candidates = self.candidates(resource).await;
         if candidates.is_empty() {
             warn!(signal = %t.signal, "eviction threshold met but no pod can be evicted");
             return None;
         }
         rank::rank(&mut candidates);
-        let c = &candidates[0];
+        let c = candidates.swap_remove(0);
         let o = obs.get(t.signal.as_str()).copied();
         let capacity = o.map_or(0, |o| o.capacity);
-        let resource = thresholds::resource_of(&t.signal);
         let threshold = match t.value {
             crate::config::ThresholdValue::Quantity(q) => rank::quantity(q),
             crate::config::ThresholdValue::Percent(_) => rank::quantity(t.value.resolve(capacity)),
         };
         let available = rank::quantity(o.map_or(0, |o| o.available));
-        let message = rank::message(resource, &threshold, &available, c);
+        let message = rank::message(resource, &threshold, &available, &c);
         let grace = if t.is_hard() {
             // Upstream's immediateEvictionGracePeriodSeconds.
             Duration::from_secs(1)
@@ -286,31 +271,58 @@ impl Manager {
                 .max(0) as u64;
             self.settings.max_pod_grace.min(Duration::from_secs(own))
         };
-        let name = crate::pods::convert::pod_name(&c.pod);
+        Some(Victim {
+            uid: c.uid,
+            pod: c.pod,
+            message,
+            grace,
+            signal: t.signal.clone(),
+        })
+    }
+
+    /// Node-level reclaim for disk signals: every unused image (dead
+    /// containers are kept: they hold the last run's logs). True if any
+    /// went.
+    async fn reclaim_images(&self) -> bool {
+        let Some(gc) = &self.settings.image_gc else {
+            return false;
+        };
+        match gc.lock().await.reclaim().await {
+            Ok(removed) => {
+                info!(
+                    images = removed.len(),
+                    "disk pressure: unused images removed"
+                );
+                !removed.is_empty()
+            }
+            Err(e) => {
+                warn!(error = %e, "disk pressure: image garbage collection failed");
+                false
+            }
+        }
+    }
+
+    /// Hands the victim's kill to its worker.
+    async fn evict(&self, v: Victim, woke: (&'static str, Instant)) {
+        let name = crate::pods::convert::pod_name(&v.pod);
         let decided_in = woke.1.elapsed();
-        warn!(pod = %name, signal = %t.signal, woken_by = woke.0, ?decided_in, %message, "evicting");
+        warn!(pod = %name, signal = %v.signal, woken_by = woke.0, ?decided_in, message = %v.message, "evicting");
         self.metrics
             .evictions
             .get_or_create(&crate::metrics::SignalLabels {
-                eviction_signal: t.signal.clone(),
+                eviction_signal: v.signal.clone(),
             })
             .inc();
         let k = KillRequest {
             reason: crate::pods::EVICTED.into(),
-            message,
-            grace: Some(grace),
+            message: v.message,
+            grace: Some(v.grace),
         };
-        self.killer.kill(&c.uid, k).await;
-        Some(c.uid.clone())
+        self.killer.kill(&v.uid, k).await;
     }
 
-    /// The pods that may be evicted, with their memory use and requests.
-    async fn candidates(&self) -> Vec<rank::Candidate> {
-        let usage = self.runtime.container_stats().await.unwrap_or_default();
-        let mut by_id: BTreeMap<String, u64> = BTreeMap::new();
-        for u in usage {
-            by_id.insert(u.id, u.memory_working_set_bytes);
-        }
+    /// The pods that may be evicted: not finished, not critical.
+    fn active_pods(&self) -> Vec<(String, crate::pods::PodEntry)> {
         self.view
             .pods()
             .into_iter()
@@ -318,14 +330,172 @@ impl Manager {
                 let phase = e.status.phase.as_deref().unwrap_or("Pending");
                 phase != "Succeeded" && phase != "Failed" && !rank::is_critical(&e.pod)
             })
-            .map(|(uid, e)| candidate(uid, &e, &by_id))
             .collect()
+    }
+
+    /// The candidates with their use of `resource`: memory from the
+    /// runtime's container stats, local storage from the pods' dirs, none
+    /// for PIDs (ranked by priority alone).
+    async fn candidates(&self, resource: &str) -> Vec<rank::Candidate> {
+        let pods = self.active_pods();
+        match resource {
+            "memory" => {
+                let usage = self.runtime.container_stats().await.unwrap_or_default();
+                let by_id: BTreeMap<String, u64> = usage
+                    .into_iter()
+                    .map(|u| (u.id, u.memory_working_set_bytes))
+                    .collect();
+                pods.into_iter()
+                    .map(|(uid, e)| memory_candidate(uid, &e, &by_id))
+                    .collect()
+            }
+            "ephemeral-storage" | "inodes" => {
+                let roots = self.settings.storage.clone();
+                tokio::task::spawn_blocking(move || {
+                    pods.into_iter()
+                        .map(|(uid, e)| {
+                            let usage = storage::usage(&e.pod, &uid, &roots);
+                            plain_candidate(uid, &e, usage)
+                        })
+                        .collect()
+                })
+                .await
+                .unwrap_or_default()
+            }
+            _ => pods
+                .into_iter()
+                .map(|(uid, e)| plain_candidate(uid, &e, 0))
+                .collect(),
+        }
     }
 }
 
-/// A pod's usage from its containers' (by container ID), its requests
-/// from its spec.
-fn candidate(
+/// A pod chosen for eviction and how.
+struct Victim {
+    uid: String,
+    pod: Arc<k8s_openapi::api::core::v1::Pod>,
+    message: String,
+    grace: Duration,
+    signal: String,
+}
+
+/// A candidate whose use is only known for the whole pod.
+fn plain_candidate(uid: String, e: &crate::pods::PodEntry, usage: u64) -> rank::Candidate {
+    rank::Candidate {
+        priority: e.pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
+        usage,
+        request: 0,
+        containers: Vec::new(),
+        pod: e.pod.clone(),
+        uid,
+    }
+}
+
+/// The event sources that end the wait between rounds (see the module
+/// docs); a source that breaks is dropped, not retried.
+struct Wakers {
+    psi: Option<notify::Source>,
+    events: Option<notify::Source>,
+    /// memcg thresholds armed, with their cgroup and level.
+    armed: Vec<(PathBuf, u64, notify::Source)>,
+    announced: bool,
+}
+
+impl Wakers {
+    fn new(s: &signals::Sources) -> Wakers {
+        let psi = notify::psi(&s.host.proc.join("pressure/memory"))
+            .map_err(|e| info!(error = %e, "no PSI memory trigger"))
+            .ok();
+        let events = s
+            .pods
+            .as_ref()
+            .and_then(|cg| notify::memory_events(cg).ok());
+        Wakers {
+            psi,
+            events,
+            armed: Vec::new(),
+            announced: false,
+        }
+    }
+
+    /// Arms a threshold at each level (re-arming those that moved).
+    fn arm(&mut self, levels: Vec<(signals::MemCgroup, u64)>) {
+        for (cg, level) in levels {
+            let same = self
+                .armed
+                .iter()
+                .any(|(d, l, _)| *d == cg.dir && *l == level);
+            if same {
+                continue;
+            }
+            self.armed.retain(|(d, _, _)| *d != cg.dir);
+            match notify::memcg_threshold(&cg, level) {
+                Ok(src) => self.armed.push((cg.dir.clone(), level, src)),
+                Err(e) => {
+                    debug!(error = %e, cgroup = %cg.dir.display(), "no memcg threshold")
+                }
+            }
+        }
+    }
+
+    fn any(&self) -> bool {
+        !self.armed.is_empty() || self.psi.is_some() || self.events.is_some()
+    }
+
+    fn announce_once(&mut self) {
+        if std::mem::replace(&mut self.announced, true) {
+            return;
+        }
+        info!(
+            memcg_thresholds = self.armed.len(),
+            psi = self.psi.is_some(),
+            memory_events = self.events.is_some(),
+            "eviction manager: memory pressure is watched by these events{}",
+            if self.any() {
+                ""
+            } else {
+                " (none: polling every second)"
+            }
+        );
+    }
+
+    /// Waits for a source or `timeout`; says which woke it.
+    async fn wait(&mut self, timeout: Duration) -> &'static str {
+        async fn next(s: &mut Option<notify::Source>) -> std::io::Result<()> {
+            match s.as_mut() {
+                Some(s) => s.wait().await,
+                None => std::future::pending().await,
+            }
+        }
+        let thresholds = async {
+            if self.armed.is_empty() {
+                return std::future::pending().await;
+            }
+            let waits = self.armed.iter_mut().map(|(_, _, s)| Box::pin(s.wait()));
+            let (r, i, _) = futures::future::select_all(waits).await;
+            (r, i)
+        };
+        let (by, broken) = tokio::select! {
+            _ = tokio::time::sleep(timeout) => ("sync", None),
+            (r, i) = thresholds => ("memcg threshold", r.is_err().then_some(Some(i))),
+            r = next(&mut self.psi) => ("PSI", r.is_err().then_some(None)),
+            r = next(&mut self.events) => ("memory.events", r.is_err().then_some(None)),
+        };
+        match (by, broken) {
+            ("memcg threshold", Some(Some(i))) => {
+                self.armed.remove(i);
+            }
+            ("PSI", Some(_)) => self.psi = None,
+            ("memory.events", Some(_)) => self.events = None,
+            _ => {}
+        }
+        by
+    }
+}
+
+/// A pod's memory use from its containers' (by container ID), its
+/// requests from its spec.
+fn memory_candidate(
     uid: String,
     e: &crate::pods::PodEntry,
     usage_by_id: &BTreeMap<String, u64>,

@@ -70,12 +70,14 @@ impl ImageGc {
         }
     }
 
-    /// Runs every [`PERIOD`], first at once, until shutdown.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    /// Runs every [`PERIOD`], first at once, until shutdown; the eviction
+    /// manager shares it to reclaim under disk pressure.
+    pub async fn run(gc: Arc<tokio::sync::Mutex<ImageGc>>, shutdown: CancellationToken) {
         loop {
-            match self.usage().await {
+            let mut this = gc.lock().await;
+            match this.usage().await {
                 Ok(Some(u)) => {
-                    if let Err(e) = self.collect(u).await {
+                    if let Err(e) = this.collect(u).await {
                         warn!(error = %e, "image garbage collection failed");
                     }
                 }
@@ -84,6 +86,7 @@ impl ImageGc {
                     warn!(error = %e, "image garbage collection cannot read the image filesystem")
                 }
             }
+            drop(this);
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(PERIOD) => {}
@@ -110,6 +113,18 @@ impl ImageGc {
     /// One round: updates the records from the runtime, then removes
     /// unused images as the usage requires. Returns the removed IDs.
     pub async fn collect(&mut self, usage: DiskUsage) -> Result<Vec<String>, RuntimeError> {
+        self.remove_unused(bytes_to_free(usage, &self.policy)).await
+    }
+
+    /// Every unused image past the minimum age (upstream's
+    /// `DeleteUnusedImages`, the eviction manager's node-level reclaim).
+    pub async fn reclaim(&mut self) -> Result<Vec<String>, RuntimeError> {
+        self.remove_unused(u64::MAX).await
+    }
+
+    /// Updates the records, then removes unused images, least recently
+    /// used first, until `to_free` bytes are gone.
+    async fn remove_unused(&mut self, mut to_free: u64) -> Result<Vec<String>, RuntimeError> {
         let now = Instant::now();
         let images = self.runtime.list_images().await?;
         let in_use = self.in_use(&images).await?;
@@ -124,7 +139,6 @@ impl ImageGc {
                 r.last_used = now;
             }
         }
-        let mut to_free = bytes_to_free(usage, &self.policy);
         if to_free == 0 {
             return Ok(Vec::new());
         }

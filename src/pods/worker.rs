@@ -176,6 +176,7 @@ impl Worker {
             return;
         };
         self.terminate(&u).await;
+        self.remove_volumes().await;
         self.rep
             .send(Report::Terminated {
                 uid: self.uid.clone(),
@@ -419,6 +420,16 @@ impl Worker {
         }
     }
 
+    /// A terminated pod's volumes go before the pod does, as upstream's
+    /// volume manager tears down the volumes of terminated pods: an
+    /// evicted or finished pod gives its emptyDirs' space back at once.
+    async fn remove_volumes(&mut self) {
+        self.volumes = None;
+        if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
+            let _ = tokio::task::spawn_blocking(move || volumes::remove_pod_dir(&d)).await;
+        }
+    }
+
     /// Removes everything of the pod from the node.
     async fn cleanup(&mut self, pod: &Pod) {
         self.acted();
@@ -434,13 +445,11 @@ impl Worker {
                 warn!(pod = %pod_name(pod), error = %e, "removing sandbox failed");
             }
         }
-        // emptyDir volumes go with the pod; off the async thread, as a large
-        // volume takes a while to delete. (The log dir goes a minute later,
-        // from the manager, as upstream's container GC removes it.)
-        self.volumes = None;
-        if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
-            let _ = tokio::task::spawn_blocking(move || volumes::remove_pod_dir(&d)).await;
-        }
+        // Volumes went at termination; again, for a pod removed before it
+        // terminated. Off the async thread, as a large volume takes a while
+        // to delete. (The log dir goes a minute later, from the manager, as
+        // upstream's container GC removes it.)
+        self.remove_volumes().await;
     }
 
     /// Checks `activeDeadlineSeconds`: past it, the worker asks to kill the

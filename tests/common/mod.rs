@@ -216,7 +216,24 @@ impl Kinglet {
         extra_args: &[&str],
         images: &[&Path],
     ) -> Self {
+        Self::start_rt_prepared(rt, name, extra_config, joined, extra_args, images, &|_| {})
+    }
+
+    /// As [`Kinglet::start_rt`], with `prep` run on the (empty) root dir
+    /// first (e.g. a filesystem mounted there).
+    pub fn start_rt_prepared(
+        rt: Rt,
+        name: &str,
+        extra_config: &str,
+        joined: bool,
+        extra_args: &[&str],
+        images: &[&Path],
+        prep: &dyn Fn(&Path),
+    ) -> Self {
         let mut k = Self::new_inner(name, extra_config, joined, extra_args);
+        let root = k.dir.path().join("root");
+        std::fs::create_dir_all(&root).unwrap();
+        prep(&root);
         k.rt = rt;
         if rt == Rt::Cri {
             let dir = k.dir.path().join("containerd");
