@@ -233,14 +233,13 @@ impl Manager {
         met.sort_by_key(|t| thresholds::resource_of(&t.signal) != "memory");
         let t = *met.first()?;
         let resource = thresholds::resource_of(&t.signal);
-        if resource == "ephemeral-storage" || resource == "inodes" {
-            if self.reclaim_images().await {
-                let again = self.observe().await;
-                let o = again.get(t.signal.as_str())?;
-                if o.available >= t.value.resolve(o.capacity) {
-                    info!(signal = %t.signal, "image garbage collection relieved the disk; no eviction");
-                    return None;
-                }
+        let disk = resource == "ephemeral-storage" || resource == "inodes";
+        if disk && self.reclaim_images().await {
+            let again = self.observe().await;
+            let o = again.get(t.signal.as_str())?;
+            if o.available >= t.value.resolve(o.capacity) {
+                info!(signal = %t.signal, "image garbage collection relieved the disk; no eviction");
+                return None;
             }
         }
         let mut candidates = self.candidates(resource).await;

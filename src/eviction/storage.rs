@@ -55,9 +55,12 @@ pub fn du(dir: &Path) -> u64 {
     total
 }
 
-/// The pod's emptyDirs on disk: (name, directory, sizeLimit as written
-/// and in bytes).
-fn empty_dirs(pod: &Pod, uid: &str, r: &Roots) -> Vec<(String, PathBuf, Option<(String, u64)>)> {
+/// One emptyDir on disk: its name, directory, and `sizeLimit` as
+/// written and in bytes.
+type EmptyDir = (String, PathBuf, Option<(String, u64)>);
+
+/// The pod's emptyDirs on disk.
+fn empty_dirs(pod: &Pod, uid: &str, r: &Roots) -> Vec<EmptyDir> {
     let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
     volumes
         .filter_map(|v| {
