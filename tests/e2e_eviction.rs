@@ -500,9 +500,11 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         .lines()
         .find(|l| l.contains("disk pressure: unused images removed"))
         .unwrap_or_default();
+    let gc: Vec<&str> = log.lines().filter(|l| l.contains("image")).collect();
     assert!(
         !first.contains("images=0"),
-        "no image was collected: {first}"
+        "no image was collected: {first}\n{}",
+        gc.join("\n")
     );
     assert_eq!(phase(&pods, &idle).await.as_deref(), Some("Running"));
     // The writer's emptyDir went with its termination: the disk recovers.

@@ -141,6 +141,7 @@ pub struct KubeletConfiguration {
     pub node_status_update_frequency: GoDuration,
     pub node_status_report_frequency: GoDuration,
     pub node_lease_duration_seconds: i32,
+    #[serde(rename = "imageMinimumGCAge")]
     pub image_minimum_gc_age: GoDuration,
     #[serde(rename = "imageGCHighThresholdPercent")]
     pub image_gc_high_threshold_percent: i32,
@@ -148,6 +149,7 @@ pub struct KubeletConfiguration {
     pub image_gc_low_threshold_percent: i32,
     pub cgroup_driver: String,
     pub cgroup_root: String,
+    #[serde(rename = "cgroupsPerQOS")]
     pub cgroups_per_qos: bool,
     /// What node allocatable is enforced on: `pods` (the pods' cgroup gets
     /// capacity − reservations as its memory limit) or `none`.
@@ -1086,5 +1088,26 @@ healthzPort: 10249
             let alloc_hard = t.hard["allocatableMemory.available"].resolve(limit);
             assert!(alloc_hard < limit / 4, "{ram_mb} MB");
         }
+    }
+
+    /// Upstream spells acronyms in capitals (`serverTLSBootstrap`,
+    /// `imageMinimumGCAge`, `cgroupsPerQOS`, `clusterDNS`, …), which serde's
+    /// camelCase does not: each is accepted under upstream's name.
+    #[test]
+    fn fields_with_acronyms_take_upstreams_names() {
+        let (cfg, w) = parse_ok(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nserverTLSBootstrap: true\nimageMinimumGCAge: 7s\ncgroupsPerQOS: false\nclusterDNS: [10.0.0.10]\nimageGCHighThresholdPercent: 90\nimageGCLowThresholdPercent: 70\n",
+        );
+        assert!(w.is_empty(), "{w:?}");
+        assert!(cfg.server_tls_bootstrap && !cfg.cgroups_per_qos);
+        assert_eq!(cfg.image_minimum_gc_age, GoDuration::secs(7));
+        assert_eq!(cfg.cluster_dns, ["10.0.0.10"]);
+        assert_eq!(
+            (
+                cfg.image_gc_high_threshold_percent,
+                cfg.image_gc_low_threshold_percent
+            ),
+            (90, 70)
+        );
     }
 }

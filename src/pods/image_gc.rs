@@ -4,7 +4,8 @@
 //! Every 5 minutes (upstream's `ImageGCPeriod`): when the image
 //! filesystem's usage is at or above `imageGCHighThresholdPercent`, the
 //! images no container uses (in any state, as upstream counts them) are
-//! removed, least recently used first, until usage is below
+//! removed (pinned ones never: containerd's sandbox image), least
+//! recently used first, until usage is below
 //! `imageGCLowThresholdPercent`. Images first seen less than
 //! `imageMinimumGCAge` ago are spared.
 
@@ -144,7 +145,7 @@ impl ImageGc {
         }
         let mut candidates: Vec<(&ImageInfo, Record)> = images
             .iter()
-            .filter(|i| !in_use.contains(&i.id))
+            .filter(|i| !in_use.contains(&i.id) && !i.pinned)
             .filter_map(|i| Some((i, *self.records.get(&i.id)?)))
             .filter(|(_, r)| now.saturating_duration_since(r.first_seen) >= self.policy.min_age)
             .collect();
@@ -268,6 +269,20 @@ mod tests {
             .flat_map(|i| i.repo_tags)
             .collect();
         assert_eq!(left, ["exited:1", "running:1"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn never_removes_pinned_images_even_to_reclaim_everything() {
+        let rt = Arc::new(FakeRuntime::new());
+        rt.add_image("pause:3");
+        rt.pin_image("pause:3");
+        rt.add_image("old:1");
+        let mut gc = ImageGc::new(rt.clone(), policy(Duration::ZERO));
+        let removed = gc.reclaim().await.unwrap();
+        assert_eq!(removed.len(), 1);
+        let left = rt.list_images().await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert!(left[0].pinned);
     }
 
     #[tokio::test(start_paused = true)]

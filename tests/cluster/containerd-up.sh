@@ -79,4 +79,7 @@ if ! ctr --address "$sock" -n k8s.io images ls -q | grep -qx "$pause"; then
   "$here/../images/busybox.sh" "$dir/images/pause.tar" "$pause" "" /bin/sleep 2147483647 >/dev/null
   ctr --address "$sock" -n k8s.io images import "$dir/images/pause.tar" >/dev/null
 fi
+# Pinned, as containerd marks the sandbox image it pulls itself (imported
+# with ctr it is not): CRI reports it `pinned` and image GC spares it.
+ctr --address "$sock" -n k8s.io images label "$pause" io.cri-containerd.pinned=pinned >/dev/null
 echo "unix://$sock"

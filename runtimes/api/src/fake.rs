@@ -129,8 +129,16 @@ impl FakeRuntime {
                 // Images run as a non-root user unless a test says otherwise.
                 uid: Some(1000),
                 username: String::new(),
+                pinned: false,
             },
         );
+    }
+
+    /// Marks an image pinned (as containerd pins its sandbox image).
+    pub fn pin_image(&self, name: &str) {
+        if let Some(i) = self.lock().images.get_mut(name) {
+            i.pinned = true;
+        }
     }
 
     /// Containers named `name` exit with `code` as soon as they start.

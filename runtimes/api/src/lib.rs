@@ -286,6 +286,8 @@ pub struct ImageInfo {
     pub uid: Option<i64>,
     /// The image's user as a name (CRI `Image.username`), when it is one.
     pub username: String,
+    /// Never garbage-collected (CRI `Image.pinned`: the sandbox image).
+    pub pinned: bool,
 }
 
 impl ImageInfo {

@@ -455,6 +455,25 @@ fn image_info(i: proto::Image) -> ImageInfo {
         size: i.size,
         uid: i.uid.map(|u| u.value),
         username: i.username,
+        pinned: i.pinned,
+    }
+}
+
+impl CriRuntime {
+    /// The runtime's configured sandbox image, from `Status`'s verbose
+    /// info (containerd: `config.sandboxImage`), if it says.
+    async fn sandbox_image(&self) -> Option<String> {
+        let r = self
+            .rt()
+            .status(request(
+                proto::StatusRequest { verbose: true },
+                STATUS_TIMEOUT,
+            ))
+            .await
+            .ok()?
+            .into_inner();
+        let config: serde_json::Value = serde_json::from_str(r.info.get("config")?).ok()?;
+        Some(config.get("sandboxImage")?.as_str()?.to_string())
     }
 }
 
@@ -1058,7 +1077,20 @@ impl Runtime for CriRuntime {
                 ))
                 .await
                 .map_err(|e| status_err("ListImages", e))?;
-            Ok(r.into_inner().images.into_iter().map(image_info).collect())
+            let sandbox = self.sandbox_image().await;
+            let mut images: Vec<ImageInfo> =
+                r.into_inner().images.into_iter().map(image_info).collect();
+            // containerd before 1.7 reports no image pinned; its sandbox
+            // image is pinned all the same (GC must never take it).
+            if let Some(sandbox) = sandbox {
+                for i in images
+                    .iter_mut()
+                    .filter(|i| i.repo_tags.iter().any(|t| *t == sandbox))
+                {
+                    i.pinned = true;
+                }
+            }
+            Ok(images)
         })
     }
 
