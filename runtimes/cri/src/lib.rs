@@ -1083,10 +1083,7 @@ impl Runtime for CriRuntime {
             // containerd before 1.7 reports no image pinned; its sandbox
             // image is pinned all the same (GC must never take it).
             if let Some(sandbox) = sandbox {
-                for i in images
-                    .iter_mut()
-                    .filter(|i| i.repo_tags.iter().any(|t| *t == sandbox))
-                {
+                for i in images.iter_mut().filter(|i| i.repo_tags.contains(&sandbox)) {
                     i.pinned = true;
                 }
             }
