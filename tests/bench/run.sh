@@ -10,11 +10,14 @@
 # side at 0 pods and at each level; idle CPU (ms/min) at 0 pods and at the
 # top level; pod startup latency p50/p90/p99 (created → Running via a
 # watch, image present); deletion latency; API requests per minute at steady
-# state (the apiserver's audit log, by node user). Memory-pressure reaction
-# is reported as pending until kinglet evicts.
+# state (the apiserver's audit log, by node user).
+# --pressure instead measures the memory-pressure reaction (pressure.py):
+# each node's pods' cgroup capped at 600 MiB by node allocatable, the hard
+# threshold allocatableMemory.available<150Mi, pods ramping 20, 100 and
+# 500 MiB/s; into target/bench/pressure.{json,md}.
 # Output: a table on stdout, target/bench/results.{json,md}, and SVG plots
 # target/bench/memory.svg and target/bench/startup.svg.
-#   tests/bench/run.sh [--quick | --probes]
+#   tests/bench/run.sh [--quick | --probes | --pressure]
 # (--quick: fewer pods and samples; --probes: 30 pods each with a readiness
 # probe over HTTP and a liveness probe by exec, every 1-10 s, and the CPU
 # and memory that costs, into target/bench/probes/)
@@ -22,11 +25,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
-quick=0 out=target/bench
+quick=0 out=target/bench pressure=0
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
   pods=10 levels=10 idle=5
   export BENCH_DELETES=5
+elif [ "${1:-}" = --pressure ]; then
+  pods=0 levels=0 idle=0 pressure=1
 elif [ "${1:-}" = --probes ]; then
   pods=30 levels=30 idle=60 out=target/bench/probes
   export BENCH_PROBES=1 BENCH_DELETES=10
@@ -71,6 +76,10 @@ stop_node() {
     done
   done
   [ -n "${bridge:-}" ] && ip link del "$bridge" 2>/dev/null
+  # The pressure runs' private cgroup roots.
+  for h in /sys/fs/cgroup/*/; do
+    [ -d "$h$node" ] && find "$h$node" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1
   agent_pid="" node=""
   set -e
@@ -103,7 +112,14 @@ run_node() {
   mkdir -p "$dir/logs"
   local kc
   kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
-  local endpoint=""
+  local endpoint="" extra=""
+  if [ "$pressure" = 1 ]; then
+    # Pods under a private cgroup root capped at 600 MiB by node allocatable.
+    local total
+    total=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)
+    for h in /sys/fs/cgroup/*/; do mkdir -p "$h$node" 2>/dev/null || true; done
+    extra=$(printf 'cgroupRoot: /%s\nsystemReserved: {memory: "%s"}\nevictionPressureTransitionPeriod: 10s\n' "$node" "$(( total - 600 * 1048576 ))")
+  fi
   case $kind in
     kubelet-containerd | kinglet-cri)
       endpoint=$(tests/cluster/containerd-up.sh "$dir/containerd" | tail -n1)
@@ -139,10 +155,14 @@ failSwapOn: false
 containerRuntimeEndpoint: $endpoint
 podLogsDir: $dir/logs
 resolvConf: /etc/resolv.conf
-evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 YAML
+      if [ "$pressure" = 1 ]; then
+        printf '%s\nevictionHard: {allocatableMemory.available: 150Mi}\n' "$extra" >> "$dir/config.yaml"
+      else
+        echo 'evictionHard: {memory.available: 100Mi, nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}' >> "$dir/config.yaml"
+      fi
       "$kubelet" --kubeconfig "$kc" --config "$dir/config.yaml" --root-dir "$dir/root" \
         --cert-dir "$dir/pki" --hostname-override "$node" --node-ip 127.0.0.1 --v 1 \
         >"$dir/agent.log" 2>&1 &
@@ -150,6 +170,7 @@ YAML
     kinglet-oci | kinglet-cri)
       printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
         "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$dir/config.yaml"
+      [ "$pressure" = 1 ] && printf '%s\nevictionHard: {allocatableMemory.available: 150Mi}\n' "$extra" >> "$dir/config.yaml"
       local rt_args=(--cni-conf-dir "$dir/net.d")
       [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
       target/release/kinglet --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
@@ -165,6 +186,12 @@ YAML
     return 0
   fi
   echo "== $kind" >&2
+  if [ "$pressure" = 1 ]; then
+    python3 tests/bench/pressure.py "$admin" "$node" "$dir/agent.log" \
+      "/sys/fs/cgroup/memory/$node/kubepods" "$work/$kind.json" 20 100 500 >&2 || true
+    stop_node
+    return 0
+  fi
   target/release/examples/bench_pods "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
   # Sizes: the agent, and the runtime side's executables.
   local agent_bin runtime_bins=()
@@ -213,4 +240,31 @@ PY
 for kind in kubelet-containerd kinglet-oci kinglet-cri; do
   run_node "$kind"
 done
+if [ "$pressure" = 1 ]; then
+  python3 - "$out" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json <<'PY'
+import json, os, sys
+out = sys.argv[1]
+nodes = {}
+for path in sys.argv[2:]:
+    try:
+        nodes[os.path.basename(path)[:-5]] = json.load(open(path))
+    except (OSError, ValueError):
+        pass
+json.dump(nodes, open(os.path.join(out, "pressure.json"), "w"), indent=1)
+cell = lambda r: (f"{r['cross_to_decision_ms']} ms / {r['cross_to_freed_ms']} ms, "
+                  f"{r['oom_kills']} OOM kills, {r['reason'] or r['phase']}")
+rows = ["| ramp | " + " | ".join(nodes) + " |", "| --- |" + " --- |" * len(nodes)]
+rates = sorted({r["rate_mib_s"] for rs in nodes.values() if isinstance(rs, list) for r in rs})
+for rate in rates:
+    cells = []
+    for rs in nodes.values():
+        r = next((r for r in rs if r["rate_mib_s"] == rate), None) if isinstance(rs, list) else None
+        cells.append(cell(r) if r else "n/a")
+    rows.append(f"| {rate} MiB/s | " + " | ".join(cells) + " |")
+table = "\n".join(rows)
+print("memory pressure: threshold crossed → eviction decided / memory freed\n" + table)
+open(os.path.join(out, "pressure.md"), "w").write(table + "\n")
+PY
+  exit 0
+fi
 python3 tests/bench/report.py "$out" "$quick" "$(( $(date +%s) - start ))" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json
