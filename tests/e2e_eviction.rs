@@ -99,6 +99,20 @@ async fn phase(pods: &Api<Pod>, name: &str) -> Option<String> {
     pods.get(name).await.ok()?.status?.phase
 }
 
+/// Waits up to `secs` for pod `name` to fail; its status.
+async fn failed(
+    pods: &Api<Pod>,
+    name: &str,
+    what: &str,
+    secs: u64,
+) -> k8s_openapi::api::core::v1::PodStatus {
+    wait_for(what, Duration::from_secs(secs), || async {
+        let s = pods.get(name).await.ok()?.status?;
+        (s.phase.as_deref() == Some("Failed")).then_some(s)
+    })
+    .await
+}
+
 fn has_taint(n: &Node, key: &str) -> bool {
     n.spec
         .as_ref()
@@ -191,18 +205,17 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     })
     .await;
     let started = Instant::now();
-    let failed = wait_for("the hog is evicted", Duration::from_secs(60), || async {
-        let p = pods.get(&hog).await.ok()?;
-        let s = p.status?;
-        (s.phase.as_deref() == Some("Failed")).then_some(s)
-    })
-    .await;
+    let hog_status = failed(&pods, &hog, "the hog is evicted", 60).await;
     eprintln!(
         "figure: eviction {rt:?}: hog evicted {:?} after it started ramping",
         started.elapsed()
     );
-    assert_eq!(failed.reason.as_deref(), Some("Evicted"), "{failed:?}");
-    let msg = failed.message.clone().unwrap_or_default();
+    assert_eq!(
+        hog_status.reason.as_deref(),
+        Some("Evicted"),
+        "{hog_status:?}"
+    );
+    let msg = hog_status.message.clone().unwrap_or_default();
     assert!(
         msg.starts_with(
             "The node was low on resource: memory. Threshold quantity: 150Mi, available: "
@@ -210,12 +223,12 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         "{msg}"
     );
     assert!(msg.contains("Container hog was using "), "{msg}");
-    let disruption = failed
+    let disruption = hog_status
         .conditions
         .iter()
         .flatten()
         .find(|c| c.type_ == "DisruptionTarget")
-        .unwrap_or_else(|| panic!("no DisruptionTarget: {failed:?}"));
+        .unwrap_or_else(|| panic!("no DisruptionTarget: {hog_status:?}"));
     assert_eq!(disruption.reason.as_deref(), Some("TerminationByKubelet"));
     assert_eq!(oom_kills(&root), 0, "the kernel OOM killer acted first");
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
@@ -243,15 +256,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         serde_json::json!({"name": "c", "image": BB, "command": idle}),
     )
     .await;
-    let s = wait_for(
-        "the BestEffort pod refused",
-        Duration::from_secs(20),
-        || async {
-            let s = pods.get(&refused).await.ok()?.status?;
-            (s.phase.as_deref() == Some("Failed")).then_some(s)
-        },
-    )
-    .await;
+    let s = failed(&pods, &refused, "the BestEffort pod refused", 20).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(
         s.message.as_deref(),
@@ -361,15 +366,7 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
         "command": ["sh", "-c", ramp(2, None)]}),
     )
     .await;
-    let s = wait_for(
-        "the API pod is evicted",
-        Duration::from_secs(60),
-        || async {
-            let s = pods.get(&slow).await.ok()?.status?;
-            (s.phase.as_deref() == Some("Failed")).then_some(s)
-        },
-    )
-    .await;
+    let s = failed(&pods, &slow, "the API pod is evicted", 60).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
     assert_eq!(oom_kills(&root), 0, "the kernel OOM killer acted first");
     let m = pods.get(&mirror).await.unwrap();
@@ -476,11 +473,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
     });
     let pod: Pod = serde_json::from_value(p.take()).unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let s = wait_for("the writer is evicted", Duration::from_secs(90), || async {
-        let s = pods.get(&writer).await.ok()?.status?;
-        (s.phase.as_deref() == Some("Failed")).then_some(s)
-    })
-    .await;
+    let s = failed(&pods, &writer, "the writer is evicted", 90).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
     let msg = s.message.unwrap_or_default();
     assert!(
@@ -534,15 +527,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let s = wait_for(
-        "the pod over its sizeLimit is evicted",
-        Duration::from_secs(60),
-        || async {
-            let s = pods.get(&over).await.ok()?.status?;
-            (s.phase.as_deref() == Some("Failed")).then_some(s)
-        },
-    )
-    .await;
+    let s = failed(&pods, &over, "the pod over its sizeLimit is evicted", 60).await;
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(
         s.message.as_deref(),
