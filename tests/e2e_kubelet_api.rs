@@ -25,6 +25,7 @@ crate::both_runtimes!(
     kubectl_exec_on_a_terminal,
     kubectl_port_forward,
     kubectl_attach,
+    kubectl_logs_follow_across_rotation,
     stats_summary_and_resource_metrics_measure_the_pods
 );
 
@@ -763,4 +764,64 @@ async fn kubectl_top(node: &str, pod: &str) {
     assert!(cpu >= 100, "{row}");
     assert!(mem >= 20 << 20, "{row}");
     eprintln!("figure: kubectl top pod {pod}: {cpu}m, {} MiB", mem >> 20);
+}
+
+/// `kubectl logs -f` while the log rotates under it (4 KiB files: the
+/// in-process runtime rotates as it writes, kinglet rotates containerd's
+/// every 10 s): every line from the first one followed to the last, in
+/// order, none lost or repeated at a rotation, and the follow ends with
+/// the container.
+async fn kubectl_logs_follow_across_rotation(rt: Rt) {
+    let admin = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name("kl-follow"),
+        &format!("{FAST_CONFIG}containerLogMaxSize: 4Ki\ncontainerLogMaxFiles: 3\n"),
+        true,
+        &["--pod-log-dir", logs.to_str().unwrap()],
+        &[pods::busybox_archive()],
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{}-lines", k.name);
+    // ~25 s of numbered lines (two of containerd's rotation rounds).
+    let script =
+        "i=0; while [ $i -lt 1000 ]; do echo line-$i; i=$((i+1)); sleep 0.025; done; echo done";
+    let spec = serde_json::json!({"restartPolicy": "Never",
+        "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script]}]});
+    pods::create_running(&pods, &k.name, &name, spec).await;
+    let (ok, out, err) = kubectl(&["logs", "-f", &name]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.last(), Some(&"done"), "the follow ended early: {out}");
+    let numbers: Vec<u64> = lines[..lines.len() - 1]
+        .iter()
+        .map(|l| l.strip_prefix("line-").unwrap().parse().unwrap())
+        .collect();
+    assert!(numbers.len() > 100, "{out}");
+    for w in numbers.windows(2) {
+        assert_eq!(w[1], w[0] + 1, "a line lost or repeated across a rotation");
+    }
+    let rotated = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .flat_map(|d| {
+            std::fs::read_dir(d.path().join("c"))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|f| f.file_name().to_string_lossy().contains(".log."))
+        .count();
+    assert!(rotated >= 1, "the log never rotated");
+    eprintln!(
+        "figure: kubectl logs -f {rt:?}: {} lines across rotations",
+        numbers.len()
+    );
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
 }

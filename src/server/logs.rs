@@ -218,7 +218,10 @@ async fn tail_offset(path: &Path, n: usize) -> std::io::Result<u64> {
 }
 
 /// Streams the log into `tx` as `o` asks; returns at the end (or when the
-/// client went away).
+/// client went away). Following reads the file it has open: at a rotation
+/// (the path names another file) it first reads the old one to its end —
+/// what was written before the rename — then the new one from its start,
+/// waiting for it to appear; nothing is lost or read twice.
 pub async fn stream(
     path: PathBuf,
     o: LogOptions,
@@ -226,7 +229,7 @@ pub async fn stream(
     tx: mpsc::Sender<Bytes>,
 ) {
     let mut budget = Budget(o.limit_bytes);
-    let mut offset = match o.tail_lines {
+    let offset = match o.tail_lines {
         Some(n) => tail_offset(&path, n).await.unwrap_or(0),
         None => 0,
     };
@@ -241,37 +244,36 @@ pub async fn stream(
     } else {
         None
     };
-    let mut inode = file_id(&path);
+    let Ok(mut open) = Open::at(&path, offset).await else {
+        return;
+    };
     loop {
-        match read_from(&path, offset, &o, &mut budget, &tx).await {
-            Ok((next, more)) => {
-                offset = next;
-                if !more {
-                    return;
-                }
-            }
-            Err(_) if offset == 0 => return,
-            Err(_) => {}
+        match open.read(&o, &mut budget, &tx).await {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return,
         }
         let Some(w) = watch.as_mut() else {
             return;
         };
         if !running() {
             // One last read for what came before the exit.
-            let _ = read_from(&path, offset, &o, &mut budget, &tx).await;
+            let _ = open.read(&o, &mut budget, &tx).await;
             return;
         }
         // Woken by a write or a rotation, or at least every second to see
         // whether the container stopped.
         let _ = tokio::time::timeout(Duration::from_secs(1), w.changed()).await;
-        let now = file_id(&path);
-        if now != inode {
-            // Rotated: the live file is a new one; read it from its start.
-            inode = now;
-            offset = 0;
-        }
         if tx.is_closed() {
             return;
+        }
+        if file_id(&path).is_some_and(|now| now != open.inode) {
+            // Rotated: the rest of the old file, then the new one.
+            if !matches!(open.read(&o, &mut budget, &tx).await, Ok(true)) {
+                return;
+            }
+            if let Ok(next) = Open::at(&path, 0).await {
+                open = next;
+            }
         }
     }
 }
@@ -281,38 +283,55 @@ fn file_id(p: &Path) -> Option<u64> {
     std::fs::metadata(p).ok().map(|m| m.ino())
 }
 
-/// Sends the records after `offset`; returns the new offset and whether
-/// to go on (the budget left and the client still there).
-async fn read_from(
-    path: &Path,
-    offset: u64,
-    o: &LogOptions,
-    budget: &mut Budget,
-    tx: &mpsc::Sender<Bytes>,
-) -> std::io::Result<(u64, bool)> {
-    let mut f = tokio::fs::File::open(path).await?;
-    f.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut r = BufReader::new(f);
-    let mut pos = offset;
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        let k = r.read_until(b'\n', &mut buf).await?;
-        // A record still being written is read again next time.
-        if k == 0 || buf.last() != Some(&b'\n') {
-            return Ok((pos, true));
-        }
-        pos += k as u64;
-        let Some(rec) = parse(&buf) else { continue };
-        if o.since.is_some_and(|s| rec.nanos < s) {
-            continue;
-        }
-        let (chunk, more) = budget.take(render(&rec, o));
-        if tx.send(Bytes::from(chunk)).await.is_err() {
-            return Ok((pos, false));
-        }
-        if !more {
-            return Ok((pos, false));
+/// The log file being read, and where.
+struct Open {
+    reader: BufReader<tokio::fs::File>,
+    inode: u64,
+}
+
+impl Open {
+    async fn at(path: &Path, offset: u64) -> std::io::Result<Open> {
+        use std::os::unix::fs::MetadataExt;
+        let mut f = tokio::fs::File::open(path).await?;
+        let inode = f.metadata().await?.ino();
+        f.seek(std::io::SeekFrom::Start(offset)).await?;
+        Ok(Open {
+            reader: BufReader::new(f),
+            inode,
+        })
+    }
+
+    /// Sends the whole records from where it stands; whether to go on (the
+    /// budget left and the client still there). A record still being
+    /// written is left for the next read.
+    async fn read(
+        &mut self,
+        o: &LogOptions,
+        budget: &mut Budget,
+        tx: &mpsc::Sender<Bytes>,
+    ) -> std::io::Result<bool> {
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let k = self.reader.read_until(b'\n', &mut buf).await?;
+            if k == 0 {
+                return Ok(true);
+            }
+            if buf.last() != Some(&b'\n') {
+                // Partial: step back so the next read starts the record.
+                self.reader
+                    .seek(std::io::SeekFrom::Current(-(k as i64)))
+                    .await?;
+                return Ok(true);
+            }
+            let Some(rec) = parse(&buf) else { continue };
+            if o.since.is_some_and(|s| rec.nanos < s) {
+                continue;
+            }
+            let (chunk, more) = budget.take(render(&rec, o));
+            if tx.send(Bytes::from(chunk)).await.is_err() || !more {
+                return Ok(false);
+            }
         }
     }
 }
@@ -365,6 +384,49 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(read(limit).await, "one\ntw");
+    }
+
+    #[tokio::test]
+    async fn a_follow_reads_the_old_file_to_its_end_then_the_new_one() {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("0.log");
+        let rec = |n: u32| format!("2026-12-01T10:00:00.000000001Z stdout F l{n}\n");
+        std::fs::write(&p, rec(0)).unwrap();
+        let (tx, mut rx) = mpsc::channel(64);
+        let live = std::sync::Arc::new(AtomicBool::new(true));
+        let l = live.clone();
+        let o = LogOptions {
+            follow: true,
+            ..Default::default()
+        };
+        let task = tokio::spawn(stream(p.clone(), o, move || l.load(Ordering::SeqCst), tx));
+        let append = |n: u32| {
+            let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
+            f.write_all(rec(n).as_bytes()).unwrap();
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        append(1);
+        // Rotated as the monitor does: a last line, the rename, a new file
+        // that appears a moment later.
+        append(2);
+        std::fs::rename(&p, d.path().join("0.log.20261201-100000")).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        std::fs::write(&p, rec(3)).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        append(4);
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        live.store(false, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        let mut out = String::new();
+        while let Ok(b) = rx.try_recv() {
+            out.push_str(std::str::from_utf8(&b).unwrap());
+        }
+        assert_eq!(out, "l0\nl1\nl2\nl3\nl4\n");
     }
 
     #[test]
