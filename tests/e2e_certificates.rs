@@ -119,9 +119,81 @@ async fn csrs_of(admin: &kube::Client, node: &str, signer: &str) -> Vec<Certific
         .collect()
 }
 
+/// The renewal tests change what the cluster approves for every node
+/// (`system:nodes`): one at a time.
+static RBAC: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A kubeconfig for `name` in `dir` with a client certificate valid from
+/// `start` for `lifetime` seconds.
+fn short_kubeconfig(dir: &Path, name: &str, start: u64, lifetime: u64) -> std::path::PathBuf {
+    let (cert, key) = node_cert(name, start, lifetime);
+    let pem = dir.join("short.pem");
+    std::fs::write(&pem, format!("{cert}{key}")).unwrap();
+    let kubeconfig = dir.join("short.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{}', certificate-authority: '{}'}}}}]\nusers: [{{name: u, user: {{client-certificate: '{p}', client-key: '{p}'}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
+            cluster_port(),
+            cluster_dir().join("pki/ca.crt").display(),
+            p = pem.display()
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+/// A renewal refused (the CSR denied) in the certificate's last tenth of
+/// life: a Warning event on the Node and the renewal-error metric, as an
+/// operator needs to see it before the node goes NotReady.
+#[tokio::test]
+async fn a_refused_renewal_near_expiry_is_evented() {
+    use k8s_openapi::api::events::v1::Event;
+    let _one = RBAC.lock().await;
+    let admin = admin().await;
+    let name = unique_name("kl-expiring");
+    let mut k = Kinglet::unstarted(&name, &format!("{FAST_CONFIG}rotateCertificates: true\n"));
+    // 1000 s of life, 90 left: past the renewal deadline, in the last tenth.
+    let start = now() - 910;
+    k.kubeconfig_override = Some(short_kubeconfig(k.dir.path(), &name, start, 1000));
+    k.spawn();
+    let signer = "kubernetes.io/kube-apiserver-client-kubelet";
+    let csr = wait_for("the renewal CSR", Duration::from_secs(30), || async {
+        csrs_of(&admin, &name, signer).await.into_iter().next()
+    })
+    .await;
+    let csr_name = csr.metadata.name.clone().unwrap();
+    let (ok, out) = kubectl(&["certificate", "deny", &csr_name]);
+    assert!(ok, "{out}");
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let note = wait_for(
+        "the CertificateExpiring event",
+        Duration::from_secs(30),
+        || async {
+            let l = events.list(&Default::default()).await.ok()?;
+            l.items.into_iter().find_map(|e| {
+                let ours =
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str());
+                (ours
+                    && e.reason.as_deref() == Some("CertificateExpiring")
+                    && e.type_.as_deref() == Some("Warning"))
+                .then(|| e.note.unwrap_or_default())
+            })
+        },
+    )
+    .await;
+    assert!(
+        note.contains("could not be renewed") && note.contains("denied"),
+        "{note}"
+    );
+    let log = k.log();
+    assert!(log.contains("certificate renewal failed"), "{log}");
+}
+
 #[tokio::test]
 async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() {
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let _one = RBAC.lock().await;
     let admin = admin().await;
     let name = unique_name("kl-rot");
     // What kubeadm binds: nodes may have their own client CSRs approved.
@@ -137,23 +209,10 @@ async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() 
     bindings.create(&PostParams::default(), &b).await.unwrap();
     // A 10-minute certificate with 2 minutes left: past 80 % of its life,
     // so the renewal is due within a minute of the start.
-    let (cert, key) = node_cert(&name, now() - 480, 600);
-    let old_end = now() + 120;
+    let start = now() - 480;
+    let old_end = start + 600;
     let mut k = Kinglet::unstarted(&name, &format!("{FAST_CONFIG}rotateCertificates: true\n"));
-    let pem = k.dir.path().join("short.pem");
-    std::fs::write(&pem, format!("{cert}{key}")).unwrap();
-    let kubeconfig = k.dir.path().join("short.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{}', certificate-authority: '{}'}}}}]\nusers: [{{name: u, user: {{client-certificate: '{p}', client-key: '{p}'}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
-            cluster_port(),
-            cluster_dir().join("pki/ca.crt").display(),
-            p = pem.display()
-        ),
-    )
-    .unwrap();
-    k.kubeconfig_override = Some(kubeconfig);
+    k.kubeconfig_override = Some(short_kubeconfig(k.dir.path(), &name, start, 600));
     k.import(pods::busybox_archive());
     k.spawn();
     let nodes: Api<Node> = Api::all(admin.clone());
