@@ -552,3 +552,51 @@ fn nix_free(p: &std::path::Path) -> u64 {
         .and_then(|l| l.trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// A threshold no node could ever be above (`memory.available<100Ti`):
+/// said once and ignored, never a pressure condition or an eviction storm.
+#[tokio::test]
+async fn a_threshold_above_the_capacity_is_ignored_with_a_clear_line() {
+    let admin = admin().await;
+    let name = unique_name("kl-bigthr");
+    let config = format!("{FAST_CONFIG}evictionHard: {{memory.available: 100Ti}}\n");
+    let mut k = Kinglet::start_rt(
+        Rt::Oci,
+        &name,
+        &config,
+        true,
+        &[],
+        &[pods::busybox_archive()],
+    );
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let p = format!("{name}-be");
+    create(
+        &pods,
+        &name,
+        &p,
+        serde_json::json!({"name": "c", "image": BB,
+        "command": ["sleep", "3600"]}),
+    )
+    .await;
+    wait_for("the pod runs", Duration::from_secs(60), || async {
+        (phase(&pods, &p).await.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let n = nodes.get(&name).await.unwrap();
+    assert_eq!(
+        condition(&n, "MemoryPressure").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    let log = k.log();
+    assert!(
+        log.contains(
+            "evictionHard[memory.available]: the threshold is at or above the signal's capacity"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("evicting"), "{log}");
+    delete_pods(&pods, &[p]).await;
+    k.terminate(Duration::from_secs(5));
+}

@@ -106,6 +106,7 @@ impl Manager {
         {
             self.settings.sources.imagefs = f.mountpoint.clone().into();
         }
+        self.drop_unmeetable().await;
         let mut round = Round::default();
         let mut wakers = Wakers::new(&self.settings.sources);
         let mut woke = ("start", Instant::now());
@@ -122,6 +123,27 @@ impl Manager {
                 _ = stop.cancelled() => return,
                 by = wakers.wait(wait) => woke = (by, Instant::now()),
             }
+        }
+    }
+
+    /// A threshold at or above its signal's capacity would evict pod
+    /// after pod forever: said once, clearly, and ignored.
+    async fn drop_unmeetable(&mut self) {
+        let obs = self.observe().await;
+        let bad = thresholds::always_met(&self.settings.thresholds, &obs);
+        for &i in bad.iter().rev() {
+            let t = self.settings.thresholds.remove(i);
+            let capacity = obs.get(t.signal.as_str()).map_or(0, |o| o.capacity);
+            let field = if t.is_hard() {
+                "evictionHard"
+            } else {
+                "evictionSoft"
+            };
+            warn!(
+                "{field}[{}]: the threshold is at or above the signal's capacity ({}): it would always be met; ignored",
+                t.signal,
+                rank::quantity(capacity)
+            );
         }
     }
 

@@ -53,6 +53,21 @@ pub fn all(t: &EvictionThresholds) -> Vec<Threshold> {
         .collect()
 }
 
+/// Thresholds that would always be met (at or above their signal's whole
+/// capacity: `memory.available<4Gi` on a 2 GB board): evicting for them
+/// would never end. Their indices.
+pub fn always_met(thresholds: &[Threshold], obs: &Observations) -> Vec<usize> {
+    thresholds
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| {
+            obs.get(t.signal.as_str())
+                .is_some_and(|o| t.value.resolve(o.capacity) >= o.capacity)
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// The node condition a signal drives.
 pub fn condition_of(signal: &str) -> &'static str {
     match signal {
@@ -252,6 +267,26 @@ mod tests {
             [0]
         );
         assert_eq!(s.observe(&t, &Observations::new(), now), [0]);
+    }
+
+    #[test]
+    fn a_threshold_above_the_capacity_is_found() {
+        let t = cfg(
+            &[("memory.available", "4Gi"), ("nodefs.available", "10%")],
+            &[],
+            &[],
+        );
+        let mut o = obs("memory.available", 100 * MI, 2048 * MI);
+        o.insert(
+            "nodefs.available",
+            Observation {
+                available: 1,
+                capacity: 10,
+            },
+        );
+        assert_eq!(always_met(&t, &o), [0]);
+        let t = cfg(&[("memory.available", "100%")], &[], &[]);
+        assert_eq!(always_met(&t, &obs("memory.available", 1, 2048 * MI)), [0]);
     }
 
     #[test]
