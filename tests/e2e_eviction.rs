@@ -319,6 +319,8 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     delete_pods(&pods, &[burstable, guaranteed, hog, refused]).await;
     k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;
+    // The node and its runtime gone first, so nothing holds the cgroups.
+    drop(k);
     remove_cgroups(&root);
 }
 
@@ -390,6 +392,8 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
     k.terminate(Duration::from_secs(5));
     let nodes: Api<Node> = Api::all(admin.clone());
     let _ = nodes.delete(&name, &Default::default()).await;
+    // The node and its runtime gone first, so nothing holds the cgroups.
+    drop(k);
     remove_cgroups(&root);
 }
 
