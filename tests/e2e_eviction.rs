@@ -71,18 +71,33 @@ fn remove_cgroups(root: &str) {
     rm(&std::path::Path::new("/sys/fs/cgroup").join(root));
 }
 
-/// `oom_kill` of the pods' cgroup (v1 `memory.oom_control`, v2
-/// `memory.events`).
+/// Kernel OOM kills in the pods' cgroup and below: v1 counts a kill in
+/// the cgroup of the task killed (a container's), so the subtree is
+/// summed; v2's `memory.events` is hierarchical.
 fn oom_kills(root: &str) -> u64 {
-    let v1 = format!("/sys/fs/cgroup/memory/{root}/kubepods/memory.oom_control");
+    fn count(text: &str) -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+    fn walk(dir: &std::path::Path) -> u64 {
+        let own = std::fs::read_to_string(dir.join("memory.oom_control")).map_or(0, |t| count(&t));
+        let children: u64 = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| walk(&e.path()))
+            .sum();
+        own + children
+    }
+    let v1 = std::path::PathBuf::from(format!("/sys/fs/cgroup/memory/{root}/kubepods"));
+    if v1.exists() {
+        return walk(&v1);
+    }
     let v2 = format!("/sys/fs/cgroup/{root}/kubepods/memory.events");
-    let text = std::fs::read_to_string(&v1)
-        .or_else(|_| std::fs::read_to_string(&v2))
-        .unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("oom_kill "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    std::fs::read_to_string(v2).map_or(0, |t| count(&t))
 }
 
 async fn create(pods: &Api<Pod>, node: &str, name: &str, container: serde_json::Value) {

@@ -279,7 +279,13 @@ impl Manager {
         };
         let available = rank::quantity(o.map_or(0, |o| o.available));
         let message = rank::message(resource, &threshold, &available, &c);
-        let grace = if t.is_hard() {
+        let grace = if t.is_hard() && resource == "memory" {
+            // At once (upstream waits 1 s): the alternative is the kernel's
+            // SIGKILL a moment later, and a pod whose PID 1 ignores SIGTERM
+            // (a shell) keeps allocating through a grace period — at
+            // 500 MiB/s a second is the whole margin of a small board.
+            Duration::ZERO
+        } else if t.is_hard() {
             // Upstream's immediateEvictionGracePeriodSeconds.
             Duration::from_secs(1)
         } else {

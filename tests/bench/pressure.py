@@ -58,9 +58,28 @@ def limit_of(cg):
 
 
 def oom_kills(cg):
-    text = read(os.path.join(cg, "memory.oom_control")) or read(os.path.join(cg, "memory.events"))
-    m = re.search(r"^oom_kill (\d+)", text, re.M)
-    return int(m.group(1)) if m else 0
+    """Kernel OOM kills in the cgroup and below (v1 counts a kill in the
+    cgroup of the task killed, so the subtree is summed; v2's
+    memory.events is hierarchical already)."""
+    total = 0
+    for d, _, _ in os.walk(cg):
+        text = read(os.path.join(d, "memory.oom_control"))
+        if not text and d == cg:
+            text = read(os.path.join(d, "memory.events"))
+        m = re.search(r"^oom_kill (\d+)", text, re.M)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
+def wait_no_pressure(admin, node):
+    """The previous run's MemoryPressure must have cleared (transition
+    period), or admission refuses the next BestEffort pod."""
+    for _ in range(300):
+        r = kubectl(admin, "get", "node", node, "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"MemoryPressure\")].status}")
+        if r.stdout.strip() == "False":
+            return
+        time.sleep(0.2)
 
 
 def kubectl(admin, *args, stdin=None):
@@ -92,7 +111,7 @@ def decision_after(log, offset):
     return None
 
 
-def run(admin, node, log, cg, rate):
+def run(admin, node, log, cg, rate, first):
     name = f"{node}-hog-{rate}"
     per_tenth = max(1, rate // 10)
     script = ("awk 'BEGIN{ b=sprintf(\"%1048576s\",\"\"); for(i=0;;i++){ a[i]=b i; "
@@ -101,6 +120,11 @@ def run(admin, node, log, cg, rate):
            "spec": {"nodeName": node, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
                     "containers": [{"name": "hog", "image": "kinglet.test/busybox:1",
                                     "command": ["sh", "-c", script]}]}}
+    if not first:
+        # The last run's condition reaches the API within a status update
+        # (10 s) and holds for the transition period (10 s).
+        time.sleep(22)
+    wait_no_pressure(admin, node)
     limit = limit_of(cg)
     level = limit - THRESHOLD
     ooms = oom_kills(cg)
@@ -135,6 +159,7 @@ def run(admin, node, log, cg, rate):
                 break
         time.sleep(0.2)
     decision = decision_after(log, offset)
+    kills = oom_kills(cg) - ooms
     kubectl(admin, "delete", "pod", name, "--grace-period=0", "--force", "--wait=false")
     # Let the node settle: memory back, the pod gone.
     for _ in range(150):
@@ -146,15 +171,15 @@ def run(admin, node, log, cg, rate):
     ms = lambda a, b: round((a - b) * 1000) if a is not None and b is not None else None
     return {"rate_mib_s": rate, "limit_bytes": limit, "peak_bytes": peak,
             "cross_to_decision_ms": ms(decision, cross), "cross_to_freed_ms": ms(freed, cross),
-            "oom_kills": oom_kills(cg) - ooms, "phase": phase, "reason": reason}
+            "oom_kills": kills, "phase": phase, "reason": reason}
 
 
 def main():
     admin, node, log, cg, out = sys.argv[1:6]
     rates = [int(r) for r in sys.argv[6:]] or [20, 100, 500]
     results = []
-    for rate in rates:
-        r = run(admin, node, log, cg, rate)
+    for i, rate in enumerate(rates):
+        r = run(admin, node, log, cg, rate, i == 0)
         print(f"pressure {node} {rate} MiB/s: {r}", file=sys.stderr)
         results.append(r)
     json.dump(results, open(out, "w"), indent=1)

@@ -116,7 +116,7 @@ run_node() {
   if [ "$pressure" = 1 ]; then
     # Pods under a private cgroup root capped at 600 MiB by node allocatable.
     local total
-    total=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)
+    total=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 ))
     for h in /sys/fs/cgroup/*/; do mkdir -p "$h$node" 2>/dev/null || true; done
     extra=$(printf 'cgroupRoot: /%s\nsystemReserved: {memory: "%s"}\nevictionPressureTransitionPeriod: 10s\n' "$node" "$(( total - 600 * 1048576 ))")
   fi
