@@ -458,7 +458,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         "{FAST_CONFIG}evictionHard: {{nodefs.available: 120Mi}}\nevictionPressureTransitionPeriod: 10s\nimageMinimumGCAge: 0s\n"
     );
     let fs = std::cell::RefCell::new(None);
-    let mut k = Kinglet::start_rt_prepared(
+    let k = Kinglet::start_rt_prepared(
         rt,
         &name,
         &config,
@@ -553,8 +553,10 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         Some("Usage of EmptyDir volume \"small\" exceeds the limit \"1Mi\". ")
     );
     delete_pods(&pods, &[idle, writer, over]).await;
-    k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;
+    // The node (its monitor and runtime, which live on the loop
+    // filesystem) goes before the filesystem, or it outlives the unmount.
+    drop(k);
     drop(fs);
 }
 
