@@ -278,7 +278,7 @@ impl Kubelet {
                 max_pod_grace: Duration::from_secs(cfg.eviction_max_pod_grace_period.max(0) as u64),
                 sources: signals::Sources {
                     host: node::host::HostPaths::default(),
-                    cgroup_mount: mount.to_path_buf(),
+                    root: signals::MemCgroup::new(mount, ""),
                     pods,
                     pods_capacity,
                     nodefs: s.root_dir.clone(),

@@ -56,15 +56,10 @@ fn node_cert(name: &str, start: u64, lifetime: u64) -> (String, String) {
 
 /// `openssl x509` of a PEM file: (subject, issuer, notAfter as Unix s).
 fn x509(path: &Path) -> (String, String, u64) {
-    let out = Command::new("openssl")
-        .args(["x509", "-noout", "-subject", "-issuer", "-enddate", "-in"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new("openssl")
+            .args(["x509", "-noout", "-subject", "-issuer", "-enddate", "-in"])
+            .arg(path),
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let field = |k: &str| {
@@ -334,32 +329,27 @@ async fn a_serving_certificate_is_requested_and_served_once_approved() {
 /// A self-signed pair with subject `CN=<cn>` written whole to `dir/<cn>.*`.
 fn openssl_pair(dir: &Path, cn: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let (crt, key) = (dir.join(format!("{cn}.crt")), dir.join(format!("{cn}.key")));
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-        ])
-        .args([
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            &format!("/CN={cn}"),
-            "-keyout",
-        ])
-        .arg(&key)
-        .arg("-out")
-        .arg(&crt)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    output_ok(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args([
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+            ])
+            .arg(&key)
+            .arg("-out")
+            .arg(&crt),
     );
     (crt, key)
 }

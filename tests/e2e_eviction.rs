@@ -423,12 +423,7 @@ impl LoopFs {
     fn mount(at: &std::path::Path, mib: u64) -> LoopFs {
         let image = at.with_extension("img");
         let run = |cmd: &str, args: &[&str]| {
-            let out = std::process::Command::new(cmd).args(args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "{cmd}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            output_ok(std::process::Command::new(cmd).args(args));
         };
         let img = image.display().to_string();
         run("truncate", &["-s", &format!("{mib}M"), &img]);

@@ -19,34 +19,21 @@ use tracing::info;
 
 use super::{CertError, Store, Template};
 
-/// The client certificate of `kubeconfig`, if it names one that exists
-/// and is valid for another minute.
-fn usable(kubeconfig: &Path) -> bool {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
+/// Whether `kubeconfig` can be used as it is: a client certificate (and
+/// its key) valid for another minute, or credentials that are not ours to
+/// judge (a token, an exec plugin).
+async fn usable(kubeconfig: &Path) -> bool {
     let Ok(kc) = kube::config::Kubeconfig::read_from(kubeconfig) else {
         return false;
     };
-    let Some(user) = kc.auth_infos.first().and_then(|a| a.auth_info.clone()) else {
+    let Ok(cfg) = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await else {
         return false;
     };
-    if user.token.is_some() || user.exec.is_some() {
-        return true; // not ours to judge
+    let a = &cfg.auth_info;
+    if a.token.is_some() || a.token_file.is_some() || a.exec.is_some() {
+        return true;
     }
-    let der = match (&user.client_certificate, &user.client_certificate_data) {
-        (Some(path), _) => CertificateDer::from_pem_file(path).ok(),
-        (None, Some(data)) => {
-            use base64::Engine;
-            let pem = base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .unwrap_or_default();
-            CertificateDer::from_pem_slice(&pem).ok()
-        }
-        _ => None,
-    };
-    let now = jiff::Timestamp::now().as_second();
-    der.and_then(|d| super::der::not_after(&d))
-        .is_some_and(|end| end > now + 60)
+    super::client::kubeconfig_pair(&cfg, kubeconfig).is_some_and(|p| p.valid_for(60))
 }
 
 /// Makes sure `kubeconfig` holds a usable client certificate, requesting
@@ -57,7 +44,7 @@ pub async fn ensure(
     pki: &Path,
     node: &str,
 ) -> Result<(), CertError> {
-    if usable(kubeconfig) {
+    if usable(kubeconfig).await {
         return Ok(());
     }
     info!(kubeconfig = %kubeconfig.display(), "no usable client certificate: TLS bootstrap");

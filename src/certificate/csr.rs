@@ -71,6 +71,16 @@ impl Template {
     }
 }
 
+/// The `Denied` or `Failed` condition of a CSR, if it has one.
+fn refusal(
+    s: &k8s_openapi::api::certificates::v1::CertificateSigningRequestStatus,
+) -> Option<&k8s_openapi::api::certificates::v1::CertificateSigningRequestCondition> {
+    s.conditions
+        .iter()
+        .flatten()
+        .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+}
+
 /// Creates the CSR and waits (up to 15 minutes, as upstream's bootstrap)
 /// for its certificate (PEM).
 pub async fn request(
@@ -104,11 +114,7 @@ pub async fn request(
         &name,
         |c: Option<&CertificateSigningRequest>| {
             c.and_then(|c| c.status.as_ref()).is_some_and(|s| {
-                s.certificate.as_ref().is_some_and(|c| !c.0.is_empty())
-                    || s.conditions
-                        .iter()
-                        .flatten()
-                        .any(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
+                s.certificate.as_ref().is_some_and(|c| !c.0.is_empty()) || refusal(s).is_some()
             })
         },
     );
@@ -117,12 +123,7 @@ pub async fn request(
         .map_err(|_| req_err(format!("{name} not signed within 15 minutes")))?
         .map_err(|e| req_err(format!("watching {name}: {e}")))?;
     let status = got.and_then(|c| c.status).unwrap_or_default();
-    if let Some(cond) = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True")
-    {
+    if let Some(cond) = refusal(&status) {
         return Err(CertError::Refused {
             name,
             how: cond.type_.to_lowercase(),

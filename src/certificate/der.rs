@@ -37,12 +37,6 @@ pub fn user_of_cert(der: &[u8]) -> Option<User> {
     (!user.name.is_empty()).then_some(user)
 }
 
-/// When an X.509 certificate stops being valid (`notAfter`), as Unix
-/// seconds.
-pub fn not_after(der: &[u8]) -> Option<i64> {
-    validity(der).map(|(_, end)| end)
-}
-
 /// An X.509 certificate's validity (`notBefore`, `notAfter`), as Unix
 /// seconds.
 pub fn validity(der: &[u8]) -> Option<(i64, i64)> {
@@ -131,9 +125,9 @@ mod tests {
             .unwrap()
             .timestamp()
             .as_second();
-        assert_eq!(not_after(cert.der()), Some(want));
+        assert_eq!(validity(cert.der()).map(|(_, end)| end), Some(want));
         let (start, _) = validity(cert.der()).unwrap();
         assert!(start < want);
-        assert_eq!(not_after(b"garbage"), None);
+        assert_eq!(validity(b"garbage"), None);
     }
 }

@@ -153,13 +153,12 @@ impl Manager {
     /// threshold notifier: the pods' cgroup for
     /// `allocatableMemory.available`, the root for `memory.available`.
     fn memcg_levels(&self, obs: &Observations) -> Vec<(signals::MemCgroup, u64)> {
-        let root = signals::MemCgroup::new(&self.settings.sources.cgroup_mount, "");
         let targets = [
             (
                 "allocatableMemory.available",
                 self.settings.sources.pods.clone(),
             ),
-            ("memory.available", Some(root)),
+            ("memory.available", Some(self.settings.sources.root.clone())),
         ];
         targets
             .into_iter()

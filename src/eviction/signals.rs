@@ -92,8 +92,8 @@ fn read_u64(p: &Path) -> Option<u64> {
 #[derive(Clone, Debug)]
 pub struct Sources {
     pub host: HostPaths,
-    /// Where cgroupfs is mounted.
-    pub cgroup_mount: PathBuf,
+    /// The root memory cgroup (`memory.available`'s memcg threshold).
+    pub root: MemCgroup,
     /// The pods' cgroup (`allocatableMemory.available`), when node
     /// allocatable is enforced on it.
     pub pods: Option<MemCgroup>,

@@ -234,29 +234,33 @@ impl StatusBuilder {
     }
 
     /// One status round. `wall` stamps heartbeat and transition times.
+    /// Memory, disk and PID pressure: the eviction manager's conditions
+    /// when it runs, else measured here from the readings.
+    fn pressures(&mut self, r: &Readings, now: Instant) -> (bool, bool, bool) {
+        if let Some(p) = &self.cfg.pressure {
+            return (
+                p.has("MemoryPressure"),
+                p.has("DiskPressure"),
+                p.has("PIDPressure"),
+            );
+        }
+        let mem = self.crossed(MEMORY_SIGNALS, r);
+        let disk = self.crossed(DISK_SIGNALS, r);
+        let pid = self.crossed(PID_SIGNALS, r);
+        (
+            self.pressure("MemoryPressure", mem, now),
+            self.pressure("DiskPressure", disk, now),
+            self.pressure("PIDPressure", pid, now),
+        )
+    }
+
     pub fn build(&mut self, r: &Readings, now: Instant, wall: Time) -> NodeStatus {
         if !r.runtime_version.is_empty() {
             self.runtime_version = r.runtime_version.clone();
         }
         let (capacity, allocatable) = self.resources(r.nodefs);
 
-        let (mem, disk, pid) = match self.cfg.pressure.clone() {
-            Some(p) => (
-                p.has("MemoryPressure"),
-                p.has("DiskPressure"),
-                p.has("PIDPressure"),
-            ),
-            None => {
-                let mem = self.crossed(MEMORY_SIGNALS, r);
-                let disk = self.crossed(DISK_SIGNALS, r);
-                let pid = self.crossed(PID_SIGNALS, r);
-                (
-                    self.pressure("MemoryPressure", mem, now),
-                    self.pressure("DiskPressure", disk, now),
-                    self.pressure("PIDPressure", pid, now),
-                )
-            }
-        };
+        let (mem, disk, pid) = self.pressures(r, now);
 
         let mut conditions = vec![
             if mem {

@@ -572,3 +572,14 @@ pub fn csr_approved(c: &k8s_openapi::api::certificates::v1::CertificateSigningRe
                 .any(|x| x.type_ == "Approved" && x.status == "True")
         })
 }
+
+/// Runs `cmd` to its end; panics with its stderr unless it succeeded.
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

@@ -71,17 +71,12 @@ pub fn import_busybox(root: &Path) {
 
 /// Imports an image archive into the store under `root`.
 pub fn import_archive(root: &Path, archive: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
-        .arg("--root-dir")
-        .arg(root)
-        .args(["images", "import"])
-        .arg(archive)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    super::output_ok(
+        Command::new(env!("CARGO_BIN_EXE_kinglet"))
+            .arg("--root-dir")
+            .arg(root)
+            .args(["images", "import"])
+            .arg(archive),
     );
 }
 
