@@ -64,6 +64,23 @@ pub fn next_backoff(prev: Option<&Backoff>, now: Instant) -> Backoff {
     b
 }
 
+/// The restart back-off a container had reached after `restarts`
+/// restarts, for a worker that did not see them (kinglet was restarted):
+/// derived from the runtime's restart count, so a crash loop does not
+/// start again from 10 s at each restart of kinglet. `None` before the
+/// first restart, which upstream makes at once.
+pub fn seeded_backoff(restarts: u32, since: Instant) -> Option<Backoff> {
+    if restarts == 0 {
+        return None;
+    }
+    let mut b = Backoff::steady(BACKOFF_INITIAL, BACKOFF_MAX);
+    // Past 5 steps the wait is at its cap.
+    for _ in 0..restarts.min(6) {
+        b.step(since);
+    }
+    Some(b)
+}
+
 /// Back-offs a worker keeps per container name.
 #[derive(Debug, Default, Clone)]
 pub struct Backoffs {
@@ -216,7 +233,17 @@ fn container_step(
         ContainerState::Exited => {
             let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
             let reset = ran >= BACKOFF_RESET;
-            let restart = backoffs.restart.get(&c.name).filter(|_| !reset);
+            // A container lost rather than crashed (its exit unknown: a
+            // reboot, a crash of the monitor) is not held back by the
+            // restarts before it.
+            let seeded = (latest.reason != "Unknown")
+                .then(|| seeded_backoff(latest.attempt, at.now))
+                .flatten();
+            let restart = backoffs
+                .restart
+                .get(&c.name)
+                .or(seeded.as_ref())
+                .filter(|_| !reset);
             let finished_ago =
                 Duration::from_nanos((at.wall_nanos - latest.finished_at).max(0) as u64);
             if let Some(left) = failed {
@@ -442,6 +469,32 @@ mod tests {
             )]
         );
         assert_eq!(steps(&p, &cur, &b, 30 * S, now), [start("a", 2, &["a-0"])]);
+    }
+
+    #[test]
+    fn a_restarted_kinglet_keeps_the_crash_loop_backoff() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        // No back-off in memory: the worker is new. Attempt 3 means three
+        // restarts, so the wait after its exit is 10·2² = 40 s.
+        let b = Backoffs::default();
+        let last = ctr("a", 3, ContainerState::Exited, 1, 10 * S);
+        assert_eq!(
+            steps(&p, std::slice::from_ref(&last), &b, 40 * S, now),
+            [(
+                "a".into(),
+                Step::CrashLoop {
+                    delay: Duration::from_secs(40),
+                    left: Duration::from_secs(10)
+                }
+            )]
+        );
+        assert_eq!(seeded_backoff(20, now).unwrap().delay, BACKOFF_MAX);
+        assert!(seeded_backoff(0, now).is_none());
+        // Lost, not crashed (a reboot): started again at once.
+        let mut lost = last;
+        lost.reason = "Unknown".into();
+        assert_eq!(steps(&p, &[lost], &b, 11 * S, now), [start("a", 4, &[])]);
     }
 
     #[test]

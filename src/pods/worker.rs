@@ -624,8 +624,12 @@ impl Worker {
             }
             Step::Start { attempt, remove } => {
                 if attempt > 0 && !self.backoffs.failure.contains_key(&c.name) {
-                    let next =
-                        plan::next_backoff(self.backoffs.restart.get(&c.name), Instant::now());
+                    let now = Instant::now();
+                    let seeded = (!s.reset_backoff)
+                        .then(|| plan::seeded_backoff(attempt - 1, now))
+                        .flatten();
+                    let prev = self.backoffs.restart.get(&c.name).or(seeded.as_ref());
+                    let next = plan::next_backoff(prev, now);
                     self.backoffs.restart.insert(c.name.clone(), next);
                 }
                 for id in remove {

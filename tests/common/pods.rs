@@ -139,3 +139,124 @@ pub async fn create_running(
     )
     .await;
 }
+
+/// The pids of the monitor serving `root`'s in-process runtime.
+pub fn monitor_pids(root: &Path) -> Vec<i32> {
+    let dir = root.join("runtime/oci/monitor");
+    let needle = format!("monitor\0--dir\0{}\0", dir.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The pods' cgroup dirs under every hierarchy, from the sandboxes' meta.
+pub fn pod_cgroups(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root.join("runtime/oci/sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let meta: serde_json::Value = std::fs::read(e.path().join("meta.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let Some(parent) = meta["cgroup_parent"]
+            .as_str()
+            .map(|p| p.trim_start_matches('/'))
+        else {
+            continue;
+        };
+        if parent.is_empty() {
+            continue;
+        }
+        out.push(Path::new("/sys/fs/cgroup").join(parent));
+        for base in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            out.push(base.path().join(parent));
+        }
+    }
+    out.retain(|p| p.is_dir());
+    out
+}
+
+/// Every cgroup dir at or below `dir`, deepest first.
+fn cgroup_tree(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(cgroup_tree(&e.path()));
+        }
+    }
+    out.push(dir.to_path_buf());
+    out
+}
+
+/// What a reboot takes from a node of the in-process runtime, and only
+/// that: every process it ran (the monitor, the containers), every mount
+/// under its root dir (rootfs overlays, the pods' namespace files, tmpfs
+/// volumes) and the pods' cgroups. Every file stays as it was — the
+/// monitor's records naming pids, the sandboxes with their (now unmounted)
+/// namespace files, container dirs, libcontainer's state, the API
+/// checkpoint — as on a disk after a power cut. kinglet must be stopped.
+pub fn simulate_reboot(root: &Path) {
+    let cgroups = pod_cgroups(root);
+    for _ in 0..200 {
+        let mut pids = monitor_pids(root);
+        for cg in &cgroups {
+            for d in cgroup_tree(cg) {
+                let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        if pids.is_empty() {
+            break;
+        }
+        for p in pids {
+            // SAFETY: kill(2) on processes of this test's own node.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        monitor_pids(root).is_empty(),
+        "the monitor survived SIGKILL"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(root.to_str().unwrap()))
+        .collect();
+    points.reverse();
+    for m in points {
+        let _ = Command::new("umount").args(["-l", m]).status();
+    }
+    for cg in &cgroups {
+        for d in cgroup_tree(cg) {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Mounts under `root` (what a node left mounted).
+pub fn mounts_under(root: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(root.to_str().unwrap()))
+        .map(String::from)
+        .collect()
+}

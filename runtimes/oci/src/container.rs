@@ -216,6 +216,38 @@ pub fn delete(state_root: &Path, id: &str) -> Result<(), ContainerError> {
     }
 }
 
+/// Forgets a container that is known to have exited but that
+/// libcontainer cannot delete (its state names a pid of another boot, or a
+/// cgroup that is gone): its state dir, and its cgroup if one is left
+/// empty under any hierarchy.
+pub fn forget(state_root: &Path, id: &str, bundle: &Path) -> Result<(), ContainerError> {
+    if let Some(cg) = cgroups_path(bundle) {
+        let root = Path::new("/sys/fs/cgroup");
+        let mut dirs = vec![root.join(&cg)];
+        if let Ok(rd) = std::fs::read_dir(root) {
+            dirs.extend(rd.flatten().map(|e| e.path().join(&cg)));
+        }
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+    match std::fs::remove_dir_all(state_root.join(id)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(err(id, format!("removing its state: {e}"))),
+    }
+}
+
+/// The container's cgroup, relative to a hierarchy's root.
+pub fn cgroups_path(bundle: &Path) -> Option<String> {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
+    let cg = spec["linux"]["cgroupsPath"]
+        .as_str()?
+        .trim_start_matches('/');
+    (!cg.is_empty() && !cg.split('/').any(|c| c == "..")).then(|| cg.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,12 +4,16 @@
 //! the exit it asked for ([`Events::subscribe`]). While no stream can be had
 //! (no monitor yet, or one older than the watch call) the task wakes the
 //! PLEG once a second, as the periodic relist did before events existed.
+//! The same task keeps a monitor running: when the stream ends because the
+//! monitor died (a kill -9, a crash), it starts a new one at once, which
+//! takes the running containers over.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use crate::monitor::Client;
 
@@ -29,15 +33,17 @@ impl Events {
         }
     }
 
-    /// Starts following `monitor` (once; later calls do nothing).
-    pub fn follow(&self, monitor: Client) {
+    /// Starts following `monitor` (once; later calls do nothing); with
+    /// `restart` (kinglet's executable and the monitor's dir), a monitor
+    /// found gone is started again.
+    pub fn follow(&self, monitor: Client, restart: Option<(PathBuf, PathBuf)>) {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.is_some() {
             return;
         }
         let changes = self.changes.clone();
         let seen = self.seen.clone();
-        *task = Some(tokio::spawn(follow(monitor, changes, seen)).abort_handle());
+        *task = Some(tokio::spawn(follow(monitor, restart, changes, seen)).abort_handle());
     }
 
     /// Notified (with a stored permit) whenever a container changed.
@@ -59,7 +65,12 @@ impl Drop for Events {
     }
 }
 
-async fn follow(monitor: Client, changes: Arc<Notify>, seen: watch::Sender<u64>) {
+async fn follow(
+    monitor: Client,
+    restart: Option<(PathBuf, PathBuf)>,
+    changes: Arc<Notify>,
+    seen: watch::Sender<u64>,
+) {
     loop {
         match monitor.watch().await {
             Ok(mut w) => {
@@ -84,6 +95,18 @@ async fn follow(monitor: Client, changes: Arc<Notify>, seen: watch::Sender<u64>)
         }
         seen.send_modify(|n| *n += 1);
         changes.notify_one();
+        if let Some((exe, dir)) = &restart
+            && !monitor.ping().await
+        {
+            warn!(dir = %dir.display(), "the container monitor is gone; starting a new one");
+            match monitor.ensure_running(exe, dir).await {
+                Ok(()) => {
+                    info!("a new container monitor took the containers over");
+                    continue;
+                }
+                Err(e) => warn!(error = %e, "the container monitor did not start"),
+            }
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

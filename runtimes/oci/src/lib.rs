@@ -19,6 +19,7 @@ mod events;
 pub mod images;
 pub mod monitor;
 pub mod network;
+pub mod procid;
 mod pty;
 pub mod spec;
 
@@ -79,6 +80,26 @@ struct SandboxMeta {
     ipc: Option<PathBuf>,
     #[serde(default)]
     uts: Option<PathBuf>,
+    /// The boot it was made in: a sandbox of an earlier boot is dead.
+    #[serde(default)]
+    boot_id: String,
+}
+
+impl SandboxMeta {
+    /// Whether the sandbox still stands: made in this boot (`boot`), and
+    /// each namespace it made still bound at its file. A reboot takes the
+    /// namespaces (and so does a simulated one that unmounts them); the
+    /// pod then gets a new sandbox, as upstream makes one for a sandbox
+    /// that is not ready.
+    fn ready(&self, boot: &str) -> bool {
+        if !self.boot_id.is_empty() && !boot.is_empty() && self.boot_id != boot {
+            return false;
+        }
+        [&self.netns, &self.ipc, &self.uts]
+            .into_iter()
+            .flatten()
+            .all(|p| network::is_namespace(p))
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -225,11 +246,49 @@ impl OciRuntime {
         }
         // Followed even if no monitor answers yet: the event task retries
         // (and wakes the PLEG every second meanwhile).
-        self.events.follow(self.monitor.clone());
+        let dir = self.dir.join("monitor");
+        self.events
+            .follow(self.monitor.clone(), Some((exe.to_path_buf(), dir.clone())));
         self.monitor
-            .ensure_running(exe, &self.dir.join("monitor"))
+            .ensure_running(exe, &dir)
             .await
-            .map_err(|e| RuntimeError::Unavailable(e.to_string()))
+            .map_err(|e| RuntimeError::Unavailable(e.to_string()))?;
+        self.sweep_orphans().await;
+        Ok(())
+    }
+
+    /// Removes what a crash of kinglet between making a container's bundle
+    /// and handing it to the monitor left behind: container dirs (and their
+    /// rootfs mounts) the monitor has no record of and that record no start
+    /// failure. Run at start, before any pod worker creates containers.
+    async fn sweep_orphans(&self) {
+        let Ok(records) = self.monitor.list().await else {
+            return;
+        };
+        let known: std::collections::HashSet<String> = records.into_iter().map(|r| r.id).collect();
+        let containers = self.dir.join("containers");
+        let swept = blocking(move || {
+            let mut swept = Vec::new();
+            for e in std::fs::read_dir(&containers)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let id = e.file_name().to_string_lossy().into_owned();
+                let meta = read_json::<ContainerMeta>(&e.path().join("meta.json"));
+                if known.contains(&id) || meta.is_some_and(|m| m.start_error.is_some()) {
+                    continue;
+                }
+                bundle::teardown(&e.path());
+                swept.push(id);
+            }
+            Ok(swept)
+        })
+        .await
+        .unwrap_or_default();
+        if !swept.is_empty() {
+            tracing::info!(containers = ?swept, "removed container dirs a crash left without a monitor record");
+        }
     }
 
     pub fn store(&self) -> &Arc<ImageStore> {
@@ -752,6 +811,7 @@ impl Runtime for OciRuntime {
                 ip: None,
                 ipc: None,
                 uts: None,
+                boot_id: procid::boot_id(),
             };
             let with_net = self.cni.is_some() && !cfg.host_network;
             let ns = network::PodNamespaces {
@@ -821,8 +881,16 @@ impl Runtime for OciRuntime {
                         name: meta.pod_name.clone(),
                         uid: meta.pod_uid.clone(),
                     };
+                    // A namespace a reboot took is passed as none: the
+                    // plugins then only release what lives outside it (the
+                    // IP, port mappings), as the CNI spec asks of DEL.
+                    let netns = if network::is_namespace(netns) {
+                        netns.clone()
+                    } else {
+                        PathBuf::new()
+                    };
                     if let Some(cni) = &self.cni
-                        && let Err(e) = cni.del(id, netns, &pod).await
+                        && let Err(e) = cni.del(id, &netns, &pod).await
                     {
                         return Err(RuntimeError::Other(e.to_string()));
                     }
@@ -844,13 +912,14 @@ impl Runtime for OciRuntime {
     fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
         Box::pin(async move {
             let mut out = Vec::new();
+            let boot = procid::boot_id();
             if let Ok(rd) = std::fs::read_dir(self.dir.join("sandboxes")) {
                 for e in rd.flatten() {
                     if let Some(m) = read_json::<SandboxMeta>(&e.path().join("meta.json")) {
                         out.push(SandboxStatus {
                             id: e.file_name().to_string_lossy().into_owned(),
+                            ready: m.ready(&boot),
                             pod_uid: m.pod_uid,
-                            ready: true,
                             ip: m.ip,
                             created_at: m.created_at,
                         });

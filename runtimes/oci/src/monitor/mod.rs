@@ -17,6 +17,7 @@
 //! container's output from then on, and gets back the container's stdin
 //! pipe (held by the monitor for containers created with `stdin`).
 
+pub mod adopt;
 pub mod logs;
 pub mod server;
 
@@ -131,6 +132,18 @@ pub struct ContainerRecord {
     pub oom_file: Option<PathBuf>,
     #[serde(default)]
     pub oom_kills_before: u64,
+    /// The boot the process was started in and its start time in clock
+    /// ticks since boot: the pid is the container's only while both match
+    /// (see [`crate::procid`]).
+    #[serde(default)]
+    pub boot_id: String,
+    #[serde(default)]
+    pub start_ticks: u64,
+    /// Log rotation, so a monitor that takes the container over keeps it.
+    #[serde(default)]
+    pub log_max_size: u64,
+    #[serde(default)]
+    pub log_max_files: u32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

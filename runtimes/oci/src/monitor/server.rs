@@ -9,9 +9,11 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
+use super::adopt::{self, Adopted};
 use super::logs::{LineSplitter, LogFile};
 use super::{ContainerRecord, ErrorKind, Event, Request, Response, socket_path};
 use crate::container;
+use crate::procid::{self, Identity};
 
 fn now_nanos() -> i64 {
     jiff::Timestamp::now().as_nanosecond() as i64
@@ -47,6 +49,9 @@ struct Monitor {
     stdins: HashMap<String, (OwnedFd, bool)>,
     /// Attached readers: copies of one container stream.
     taps: Vec<Tap>,
+    /// Containers taken over from an earlier monitor (not our children).
+    adopted: Vec<Adopted>,
+    boot_id: String,
 }
 
 /// One attached reader of a container's stdout or stderr.
@@ -108,6 +113,8 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
         execs: Vec::new(),
         stdins: HashMap::new(),
         taps: Vec::new(),
+        adopted: Vec::new(),
+        boot_id: procid::boot_id(),
     };
     m.load();
     eprintln!(
@@ -169,12 +176,7 @@ fn oom_kills(file: &Path) -> u64 {
 
 /// Where the OOM counter of the container's cgroup lives.
 fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
-    let spec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).ok()?).ok()?;
-    let cg = spec["linux"]["cgroupsPath"]
-        .as_str()?
-        .trim_start_matches('/')
-        .to_string();
+    let cg = container::cgroups_path(bundle)?;
     let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     Some(if v2 {
         Path::new("/sys/fs/cgroup").join(cg).join("memory.events")
@@ -295,9 +297,12 @@ impl Monitor {
         }
     }
 
-    /// Records of an earlier monitor: containers it started and that still
-    /// run were re-parented to us (we are the subreaper of the session) or
-    /// to init; those gone without a recorded exit are marked so.
+    /// Records of an earlier monitor. A container whose process is still
+    /// the one recorded (same boot, same start time) is taken over: its
+    /// exit watched through a pidfd, its output read again from its FIFOs
+    /// into its log. Any other is marked exited, its code unknown: after a
+    /// reboot or a crash of the container while no monitor ran, the pid in
+    /// the record names nothing of ours.
     fn load(&mut self) {
         let Ok(rd) = std::fs::read_dir(self.dir.join("records")) else {
             return;
@@ -310,15 +315,141 @@ impl Monitor {
                 continue;
             };
             if r.status != "exited" {
-                if Path::new(&format!("/proc/{}", r.pid)).exists() {
-                    self.pids.insert(r.pid, r.id.clone());
-                } else {
+                let who = Identity {
+                    pid: r.pid,
+                    boot_id: r.boot_id.clone(),
+                    start_ticks: r.start_ticks,
+                };
+                if !(who.is_alive(&self.boot_id) && self.take_over(&r)) {
                     r.status = "exited".into();
                     r.finished_at = Some(now_nanos());
+                    if let Some(f) = &r.oom_file {
+                        r.oom_killed = oom_kills(f) > r.oom_kills_before;
+                    }
+                    eprintln!(
+                        "{} container {} (pid {}) is gone: marked exited",
+                        jiff::Timestamp::now(),
+                        r.id,
+                        r.pid
+                    );
+                    self.records.insert(r.id.clone(), r.clone());
+                    self.persist(&r.id);
+                    continue;
                 }
             }
             self.records.insert(r.id.clone(), r);
         }
+    }
+
+    /// Watches a live container of an earlier monitor: a pidfd for its exit
+    /// (re-checked against the start time once open, so a pid reused in
+    /// between is never taken), its log and its FIFOs.
+    fn take_over(&mut self, r: &ContainerRecord) -> bool {
+        let pidfd = adopt::pidfd(r.pid);
+        if r.start_ticks != 0 && procid::start_ticks(r.pid) != Some(r.start_ticks) {
+            return false;
+        }
+        if let Ok(log) = LogFile::open(&r.log_path, r.log_max_size, r.log_max_files.max(1)) {
+            self.logs.insert(r.id.clone(), log);
+        }
+        for name in ["stdout", "stderr"] {
+            match adopt::open_reader(&adopt::fifo_path(&self.dir, &r.id, name)) {
+                Ok(fd) => self.streams.push(Stream {
+                    fd,
+                    id: r.id.clone(),
+                    name,
+                    split: LineSplitter::default(),
+                }),
+                // A container of a monitor from before FIFOs: its output
+                // pipe died with that monitor.
+                Err(e) => eprintln!(
+                    "{} container {}: no {name} to read: {e}",
+                    jiff::Timestamp::now(),
+                    r.id
+                ),
+            }
+        }
+        eprintln!(
+            "{} container {} (pid {}) taken over{}",
+            jiff::Timestamp::now(),
+            r.id,
+            r.pid,
+            if pidfd.is_some() {
+                ""
+            } else {
+                " (no pidfd: checked every second)"
+            }
+        );
+        self.adopted.push(Adopted {
+            id: r.id.clone(),
+            pid: r.pid,
+            pidfd,
+        });
+        true
+    }
+
+    /// The taken-over containers that exited: `ready` marks pidfds that
+    /// became readable; those without a pidfd are checked by identity.
+    fn adopted_exits(&mut self, ready: &[bool]) {
+        let boot = self.boot_id.clone();
+        let mut gone = Vec::new();
+        let mut i = 0;
+        self.adopted.retain(|a| {
+            let exited = match &a.pidfd {
+                Some(_) => {
+                    let r = ready.get(i).copied().unwrap_or(false);
+                    i += 1;
+                    r
+                }
+                None => !Identity::of(a.pid).is_alive(&boot),
+            };
+            if exited {
+                gone.push(a.id.clone());
+            }
+            !exited
+        });
+        for id in gone {
+            self.drain_streams_of(&id);
+            let Some(r) = self.records.get_mut(&id) else {
+                continue;
+            };
+            r.status = "exited".into();
+            r.finished_at = Some(now_nanos());
+            if let Some(f) = &r.oom_file
+                && oom_kills(f) > r.oom_kills_before
+            {
+                r.oom_killed = true;
+                r.signal = Some(libc::SIGKILL);
+                r.exit_code = Some(128 + libc::SIGKILL);
+            }
+            self.persist(&id);
+            self.stdins.remove(&id);
+            self.announce(&id, "exited");
+        }
+    }
+
+    /// Reads what is left in a container's streams and ends them (an exit
+    /// seen through a pidfd may come before the end of file).
+    fn drain_streams_of(&mut self, id: &str) {
+        let ready: Vec<bool> = self.streams.iter().map(|s| s.id == id).collect();
+        self.read_streams(&ready);
+        let mut ended: Vec<Stream> = Vec::new();
+        let mut i = 0;
+        while i < self.streams.len() {
+            if self.streams[i].id == id {
+                ended.push(self.streams.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        for mut s in ended {
+            if let Some(log) = self.logs.get_mut(&s.id) {
+                let name = s.name;
+                s.split.finish(|p, l| log.record(name, p, l));
+            }
+        }
+        self.taps.retain(|t| t.id != id);
+        self.logs.remove(id);
     }
 
     fn serve(&mut self, listener: UnixListener) -> Result<(), String> {
@@ -332,8 +463,19 @@ impl Monitor {
             fds.extend(self.streams.iter().map(|s| pollfd(s.fd.as_raw_fd())));
             fds.extend(self.watchers.iter().map(|w| pollfd(w.as_raw_fd())));
             fds.extend(self.execs.iter().map(|(_, c)| pollfd(c.as_raw_fd())));
+            fds.extend(
+                self.adopted
+                    .iter()
+                    .filter_map(|a| a.pidfd.as_ref().map(|p| pollfd(p.as_raw_fd()))),
+            );
+            // Only a taken-over container without a pidfd needs a timer.
+            let timeout = if self.adopted.iter().any(|a| a.pidfd.is_none()) {
+                1000
+            } else {
+                -1
+            };
             // SAFETY: fds is a valid array of pollfd for the call.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -348,10 +490,12 @@ impl Monitor {
             self.read_streams(&streams);
             let watchers: Vec<bool> = (0..nw).map(|i| ready(2 + nc + ns + i)).collect();
             self.drop_gone_watchers(&watchers);
-            let execs: Vec<bool> = (0..self.execs.len())
-                .map(|i| ready(2 + nc + ns + nw + i))
-                .collect();
+            let ne = self.execs.len();
+            let execs: Vec<bool> = (0..ne).map(|i| ready(2 + nc + ns + nw + i)).collect();
+            let na = self.adopted.iter().filter(|a| a.pidfd.is_some()).count();
+            let adopted: Vec<bool> = (0..na).map(|i| ready(2 + nc + ns + nw + ne + i)).collect();
             self.kill_abandoned_execs(&execs);
+            self.adopted_exits(&adopted);
             if ready(0) {
                 let mut buf = [0u8; 128 * 8];
                 while matches!(rustix::io::read(&sigfd, &mut buf), Ok(n) if n > 0) {}
@@ -734,12 +878,11 @@ impl Monitor {
                 kind: ErrorKind::AlreadyExists,
             };
         }
+        // Output through FIFOs the container holds read-write, so that it
+        // outlives this monitor (see `adopt`).
         let pipes = (|| -> std::io::Result<_> {
-            let (or, ow) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-            let (er, ew) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-            for fd in [&or, &er] {
-                rustix::io::ioctl_fionbio(fd, true)?;
-            }
+            let (or, ow) = adopt::make_fifo(&adopt::fifo_path(&self.dir, &id, "stdout"))?;
+            let (er, ew) = adopt::make_fifo(&adopt::fifo_path(&self.dir, &id, "stderr"))?;
             // The container's stdin: a pipe whose write end stays here.
             let input: (OwnedFd, Option<OwnedFd>) = match stdin {
                 Some(_) => {
@@ -752,7 +895,7 @@ impl Monitor {
         })();
         let (or, ow, er, ew, (input, input_w)) = match pipes {
             Ok(p) => p,
-            Err(e) => return failed(format!("pipes: {e}")),
+            Err(e) => return failed(format!("output fifos: {e}")),
         };
         let log = match LogFile::open(&log_path, log_max_size, log_max_files) {
             Ok(l) => l,
@@ -761,9 +904,13 @@ impl Monitor {
         let oom_file = oom_file_for(&bundle);
         let pid = match container::create(&self.state_root, &id, &bundle, input, ow, ew) {
             Ok(p) => p,
-            Err(e) => return failed(e.to_string()),
+            Err(e) => {
+                self.remove_fifos(&id);
+                return failed(e.to_string());
+            }
         };
         let before = oom_file.as_deref().map_or(0, oom_kills);
+        let who = Identity::of(pid);
         let r = ContainerRecord {
             id: id.clone(),
             pid,
@@ -773,6 +920,10 @@ impl Monitor {
             created_at: now_nanos(),
             oom_file,
             oom_kills_before: before,
+            boot_id: who.boot_id,
+            start_ticks: who.start_ticks,
+            log_max_size,
+            log_max_files,
             ..Default::default()
         };
         self.pids.insert(pid, id.clone());
@@ -814,14 +965,38 @@ impl Monitor {
         Response::Record { record: r }
     }
 
+    fn remove_fifos(&self, id: &str) {
+        for name in ["stdout", "stderr"] {
+            let _ = std::fs::remove_file(adopt::fifo_path(&self.dir, id, name));
+        }
+    }
+
     fn delete(&mut self, id: &str) -> Response {
         if let Err(e) = container::delete(&self.state_root, id) {
-            return failed(e.to_string());
+            // libcontainer judges by the pid in its state: after a reboot
+            // that pid may name another process, or the cgroup it kills
+            // through is gone. A container we know has exited is only
+            // state on disk, removed here instead.
+            let exited = self.records.get(id).is_none_or(|r| r.status == "exited");
+            if !exited {
+                return failed(e.to_string());
+            }
+            eprintln!("{} {e}: removing its state", jiff::Timestamp::now());
+            let bundle = self
+                .records
+                .get(id)
+                .map(|r| r.bundle.clone())
+                .unwrap_or_default();
+            if let Err(e) = container::forget(&self.state_root, id, &bundle) {
+                return failed(e.to_string());
+            }
         }
         self.reap();
         if let Some(r) = self.records.remove(id) {
             self.pids.remove(&r.pid);
         }
+        self.adopted.retain(|a| a.id != id);
+        self.remove_fifos(id);
         self.streams.retain(|s| s.id != id);
         self.taps.retain(|t| t.id != id);
         self.stdins.remove(id);
