@@ -643,6 +643,13 @@ fn node_context(
         pod_pids_limit: cfg.pod_pids_limit,
         log_root: s.pod_log_dir.display().to_string(),
         volume_root: s.root_dir.join("volumes").display().to_string(),
+        store: match crate::store::LocalStore::open(&s.root_dir) {
+            Ok(st) => Some(Arc::new(st)),
+            Err(e) => {
+                warn!(error = %e, "no local store: pods whose volumes read the API server cannot start while it is unreachable");
+                None
+            }
+        },
         min_oom_score_adj,
         container_id_scheme: id_scheme.to_string(),
         clock: pods::plan::Clock::System,

@@ -19,6 +19,7 @@ mod metrics;
 mod node;
 mod pods;
 mod server;
+mod store;
 mod table;
 
 use std::process::ExitCode;

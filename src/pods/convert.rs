@@ -43,6 +43,9 @@ pub struct NodeContext {
     /// What configMap, secret and projected volumes read, when an API
     /// server is configured.
     pub volume_sources: Option<std::sync::Arc<super::volumes::Sources>>,
+    /// The last copy of what volumes read from the API server, for pods
+    /// to start while it is unreachable (see [`crate::store`]).
+    pub store: Option<std::sync::Arc<crate::store::LocalStore>>,
     /// The cluster's Services, for service environment variables.
     pub services: Option<std::sync::Arc<super::services::Services>>,
     /// The node's hosts file, which hostNetwork pods get (empty: `/etc/hosts`).
@@ -52,7 +55,9 @@ pub struct NodeContext {
 }
 
 /// The two kinds of object a container's environment may read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum ObjectKind {
     ConfigMap,
     Secret,

@@ -350,6 +350,13 @@ fn remove_orphan_dirs(node: &NodeContext, desired: &BTreeSet<String>, gone: &BTr
             super::volumes::remove_pod_dir(&path);
         }
     }
+    if let Some(st) = &node.store {
+        for uid in st.pods() {
+            if !desired.contains(&uid) {
+                st.remove_pod(&uid);
+            }
+        }
+    }
     for (name, path) in dirs(&node.log_root) {
         if name.rsplit('_').next().is_some_and(|u| gone.contains(u)) {
             let _ = std::fs::remove_dir_all(path);

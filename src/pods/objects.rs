@@ -36,6 +36,64 @@ pub async fn env_objects(
     Ok(out)
 }
 
+/// One object an environment read: kind, name, data (`None`: missing).
+type KeptObject = (ObjectKind, String, Option<BTreeMap<String, String>>);
+
+/// A container's environment objects and service variables as last read.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptEnv {
+    objects: Vec<KeptObject>,
+    services: Vec<(String, String)>,
+}
+
+/// What a container's environment read (`read`), kept in the local store
+/// for its next start; when it could not be read (the API server cannot be
+/// reached, the Services not listed yet) the last kept copy stands in, so
+/// a container starts again after an offline reboot. A deliberate
+/// difference: upstream refuses to start it until the Services are read.
+pub async fn kept_env(
+    store: Option<std::sync::Arc<crate::store::LocalStore>>,
+    pod_uid: &str,
+    container: &str,
+    read: Result<EnvObjects, String>,
+) -> Result<EnvObjects, String> {
+    let Some(store) = store else {
+        return read;
+    };
+    let (uid, name) = (pod_uid.to_string(), format!("env/{container}"));
+    match read {
+        Ok(env) => {
+            let kept = KeptEnv {
+                objects: env
+                    .0
+                    .iter()
+                    .map(|((k, n), v)| (*k, n.clone(), v.clone()))
+                    .collect(),
+                services: env.1.clone(),
+            };
+            if let Ok(bytes) = serde_json::to_vec(&kept) {
+                let _ = tokio::task::spawn_blocking(move || store.put(&uid, &name, &bytes)).await;
+            }
+            Ok(env)
+        }
+        Err(e) => {
+            let got = tokio::task::spawn_blocking(move || store.get(&uid, &name)).await;
+            let kept = got
+                .ok()
+                .and_then(|r| r.ok())
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<KeptEnv>(&b).ok());
+            match kept {
+                Some(k) => Ok(EnvObjects(
+                    k.objects.into_iter().map(|(k, n, v)| ((k, n), v)).collect(),
+                    k.services,
+                )),
+                None => Err(e),
+            }
+        }
+    }
+}
+
 /// The object source of a node connected to an API server.
 #[derive(Clone)]
 pub struct ApiObjects(pub Client);
@@ -86,7 +144,7 @@ impl ObjectSource for ApiObjects {
 
 /// A ConfigMap's or Secret's contents as volumes need them: bytes by key
 /// (a ConfigMap's `data` and `binaryData`, a Secret's `data`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Object {
     pub data: BTreeMap<String, Vec<u8>>,
     pub immutable: bool,

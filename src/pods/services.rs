@@ -27,6 +27,9 @@ const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 /// The cluster's Services, as last seen.
 pub struct Services {
     store: Store<Service>,
+    /// The watch's last attempt failed (the API server cannot be reached):
+    /// a first list is not waited for then.
+    failing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Services {
@@ -42,28 +45,46 @@ impl Services {
         let api = kube::Api::<Service>::all(client);
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
-            .reflect(writer)
-            .applied_objects();
+            .reflect(writer);
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = failing.clone();
         tokio::spawn(async move {
             let mut stream = stream.boxed();
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    next = stream.next() => if next.is_none() { return },
+                    next = stream.next() => match next {
+                        None => return,
+                        Some(r) => f.store(r.is_err(), std::sync::atomic::Ordering::Relaxed),
+                    },
                 }
             }
         });
-        Arc::new(Services { store })
+        Arc::new(Services { store, failing })
     }
 
     /// The service variables of a container of `pod`, in upstream's
     /// order; an error while the Services were never listed, as upstream
     /// refuses to build a container's environment then.
     pub async fn env(&self, pod: &Pod) -> Result<Vec<(String, String)>, String> {
-        if tokio::time::timeout(FIRST_LIST_WAIT, self.store.wait_until_ready())
-            .await
-            .is_err()
-        {
+        let failing = || self.failing.load(std::sync::atomic::Ordering::Relaxed);
+        let first_list = async {
+            // Woken each second to see whether the watch is failing.
+            while tokio::time::timeout(Duration::from_secs(1), self.store.wait_until_ready())
+                .await
+                .is_err()
+            {
+                if failing() {
+                    return false;
+                }
+            }
+            true
+        };
+        let listed = matches!(
+            tokio::time::timeout(FIRST_LIST_WAIT, first_list).await,
+            Ok(true)
+        );
+        if !listed {
             return Err(
                 "services have not yet been read at least once, cannot construct envvars".into(),
             );

@@ -428,6 +428,10 @@ impl Worker {
         if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
             let _ = tokio::task::spawn_blocking(move || volumes::remove_pod_dir(&d)).await;
         }
+        if let Some(st) = self.node.store.clone() {
+            let uid = self.uid.clone();
+            let _ = tokio::task::spawn_blocking(move || st.remove_pod(&uid)).await;
+        }
     }
 
     /// Removes everything of the pod from the node.
@@ -728,6 +732,8 @@ impl Worker {
                 Err(e) => objects = Err(e),
             }
         }
+        let store = self.node.store.clone();
+        let objects = super::objects::kept_env(store, &self.uid, &c.name, objects).await;
         let cfg = objects.and_then(|o| {
             convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)
         });

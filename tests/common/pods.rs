@@ -150,7 +150,13 @@ pub fn monitor_pids(root: &Path) -> Vec<i32> {
             continue;
         };
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+        // The monitor leads its session; a process it forked that has not
+        // exec'd yet shares its command line, not that.
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let sid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(3)?.parse::<i32>().ok());
+        if String::from_utf8_lossy(&cmdline).contains(&needle) && sid == Some(pid) {
             out.push(pid);
         }
     }

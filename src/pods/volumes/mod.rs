@@ -17,6 +17,11 @@
 //!   manager; the round after a refresh is due is what the worker's timer
 //!   wakes for.
 //!
+//! - what they read is kept in the node's [`crate::store::LocalStore`] as it is read, and
+//!   read back from there when the API server cannot be reached (a token
+//!   only while it has not expired), so a pod's volumes are made again
+//!   after an offline reboot.
+//!
 //! Failures come back as upstream's `FailedMount` messages; the worker
 //! reports them and retries.
 
@@ -97,7 +102,20 @@ pub struct Volumes {
     written: HashMap<String, Payload>,
     /// emptyDirs already set up (tmpfs, mode, `fsGroup`).
     owned: BTreeSet<String>,
+    /// What was last kept in the local store under each name.
+    kept: HashMap<String, Vec<u8>>,
 }
+
+/// A token as the local store keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct KeptToken {
+    token: String,
+    /// Unix seconds.
+    expires: i64,
+}
+
+/// How soon a value read back from the local store is asked for again.
+const OFFLINE_RETRY: Duration = Duration::from_secs(30);
 
 impl Volumes {
     pub fn new(node: NodeContext, wake: Arc<Notify>) -> Self {
@@ -108,6 +126,56 @@ impl Volumes {
             tokens: HashMap::new(),
             written: HashMap::new(),
             owned: BTreeSet::new(),
+            kept: HashMap::new(),
+        }
+    }
+
+    /// Keeps `value` (`None`: forgets it) as the pod's copy of `name`,
+    /// unless that is what was kept last.
+    async fn keep(&mut self, pod: &Pod, name: &str, value: Option<Vec<u8>>) {
+        let Some(store) = self.node.store.clone() else {
+            return;
+        };
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let bytes = value.clone().unwrap_or_default();
+        if self.kept.get(name) == Some(&bytes) {
+            return;
+        }
+        let n = name.to_string();
+        let done = blocking(move || match value {
+            Some(v) => store.put(&uid, &n, &v).map_err(|e| e.to_string()),
+            None => {
+                store.remove(&uid, &n);
+                Ok(())
+            }
+        })
+        .await;
+        match done {
+            Ok(()) => {
+                self.kept.insert(name.to_string(), bytes);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot keep a volume's source in the local store")
+            }
+        }
+    }
+
+    /// The pod's kept copy of `name`, if any.
+    async fn kept<T: serde::de::DeserializeOwned + Send + 'static>(
+        &self,
+        pod: &Pod,
+        name: &str,
+    ) -> Option<T> {
+        let store = self.node.store.clone()?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let n = name.to_string();
+        let got = blocking(move || store.get(&uid, &n).map_err(|e| e.to_string())).await;
+        match got {
+            Ok(v) => serde_json::from_slice(&v?).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the local store");
+                None
+            }
         }
     }
 
@@ -319,7 +387,19 @@ impl Volumes {
                     .subs
                     .entry((kind, name.to_string()))
                     .or_insert_with(|| src.objects.subscribe(kind, &ns, name, self.wake.clone()));
-                sub.get(OBJECT_WAIT).await?
+                let kept_as = format!("{}/{ns}/{name}", kind.lower());
+                match sub.get(OBJECT_WAIT).await {
+                    Ok(o) => {
+                        let bytes = o.as_ref().and_then(|o| serde_json::to_vec(o).ok());
+                        self.keep(pod, &kept_as, bytes).await;
+                        o
+                    }
+                    // The API server cannot be reached: the last copy.
+                    Err(e) => match self.kept::<Object>(pod, &kept_as).await {
+                        Some(o) => Some(o),
+                        None => return Err(e),
+                    },
+                }
             }
         };
         match found {
@@ -372,10 +452,14 @@ impl Volumes {
             ..Default::default()
         };
         let api = kube::Api::<ServiceAccount>::namespaced(src.client.clone(), &ns);
-        let resp = api
+        let kept_as = format!("token/{ns}/{sa}/{audience}/{seconds}");
+        let resp = match api
             .create_token_request(&sa, &Default::default(), &req)
             .await
-            .map_err(|e| format!("failed to fetch token: {e}"))?;
+        {
+            Ok(r) => r,
+            Err(e) => return self.kept_token(pod, &kept_as, key, e).await,
+        };
         let status = resp
             .status
             .ok_or("failed to fetch token: no status in the answer")?;
@@ -391,7 +475,41 @@ impl Volumes {
             refresh_at: Instant::now() + refresh_after(requested, left),
         };
         self.tokens.insert(key, t);
+        let kept = KeptToken {
+            token: token.clone(),
+            expires: jiff::Timestamp::now().as_second() + left.as_secs() as i64,
+        };
+        self.keep(pod, &kept_as, serde_json::to_vec(&kept).ok())
+            .await;
         Ok(token)
+    }
+
+    /// The kept token while the API server cannot be reached, if it has
+    /// not expired (upstream's token manager also serves its cached token
+    /// until it expires); asked for again soon.
+    async fn kept_token(
+        &mut self,
+        pod: &Pod,
+        kept_as: &str,
+        key: TokenKey,
+        e: kube::Error,
+    ) -> Result<String, String> {
+        let now = jiff::Timestamp::now().as_second();
+        match self.kept::<KeptToken>(pod, kept_as).await {
+            Some(t) if t.expires > now => {
+                let value = t.token.clone();
+                let refresh_at = Instant::now() + OFFLINE_RETRY;
+                self.tokens.insert(
+                    key,
+                    Token {
+                        value: t.token,
+                        refresh_at,
+                    },
+                );
+                Ok(value)
+            }
+            _ => Err(format!("failed to fetch token: {e}")),
+        }
     }
 }
 

@@ -146,6 +146,9 @@ pub struct ContainerRecord {
     pub log_max_files: u32,
 }
 
+// One answer at a time, decoded and dropped: a record's size in the enum
+// costs nothing worth a box at every match.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
@@ -351,12 +354,16 @@ fn unexpected(r: Response) -> MonitorError {
 #[derive(Clone, Debug)]
 pub struct Client {
     sock: PathBuf,
+    /// One start at a time from this process (the monitor's own lock makes
+    /// it one across processes).
+    starting: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Client {
     pub fn new(dir: &Path) -> Self {
         Client {
             sock: socket_path(dir),
+            starting: Default::default(),
         }
     }
 
@@ -527,6 +534,7 @@ impl Client {
     /// if none answers. The started process daemonizes itself (it forks
     /// while still single-threaded), so it is never kinglet's child.
     pub async fn ensure_running(&self, exe: &Path, dir: &Path) -> Result<(), MonitorError> {
+        let _one = self.starting.lock().await;
         if self.ping().await {
             return Ok(());
         }

@@ -61,26 +61,55 @@ struct Tap {
     fd: OwnedFd,
 }
 
-/// Serves `dir` unless a monitor already does. Binds the socket, then forks:
-/// the parent returns at once (the socket already accepts), the child
-/// becomes the daemon: a session leader and subreaper, logging to
-/// `dir/monitor.log`.
+/// Serves `dir` unless a monitor already does. Forks at once: the child
+/// becomes the daemon (a session leader and subreaper, logging to
+/// `dir/monitor.log`), takes the dir's lock, binds the socket and tells the
+/// parent, which returns then (the socket already accepts). Two monitors
+/// started at once for one dir (kinglet at start and its event task, or two
+/// kinglets) end as one: the second child finds the lock taken and exits.
 pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir.join("records")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let sock = socket_path(dir);
     if ping_sync(&sock) {
         return Ok(());
     }
-    let _ = std::fs::remove_file(&sock);
-    let listener = UnixListener::bind(&sock).map_err(|e| format!("{}: {e}", sock.display()))?;
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let (ready_r, ready_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| e.to_string())?;
     // SAFETY: this process is single-threaded here (the `monitor` command
     // runs before any runtime or thread exists), so fork is safe.
     match unsafe { libc::fork() } {
         -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
         0 => {}
-        _ => return Ok(()),
+        _ => {
+            // One byte once the child serves; the end of file if it found
+            // another monitor and left.
+            drop(ready_w);
+            let mut b = [0u8; 1];
+            let _ = rustix::io::read(&ready_r, &mut b);
+            return Ok(());
+        }
     }
+    drop(ready_r);
+    let Some(_lock) = lock_dir(dir) else {
+        std::process::exit(0);
+    };
+    if ping_sync(&sock) {
+        // A monitor of a version without the lock serves already.
+        std::process::exit(0);
+    }
+    let _ = std::fs::remove_file(&sock);
+    let listener = match UnixListener::bind(&sock).and_then(|l| {
+        l.set_nonblocking(true)?;
+        Ok(l)
+    }) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{}: {e}", sock.display());
+            std::process::exit(1);
+        }
+    };
+    let _ = rustix::io::write(&ready_w, b"1");
+    drop(ready_w);
     // SAFETY: plain syscalls in the child.
     unsafe {
         libc::setsid();
@@ -130,6 +159,25 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
             std::process::exit(1);
         }
     }
+}
+
+/// The dir's lock: a POSIX record lock, held by this process alone (a
+/// forked container process never inherits it, so a container cannot keep
+/// a new monitor out), released by the kernel when the monitor dies.
+fn lock_dir(dir: &Path) -> Option<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("monitor.lock"))
+        .ok()?;
+    // SAFETY: a zeroed flock is a valid argument once its fields are set.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    // SAFETY: fcntl on an fd we own with a valid flock.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) };
+    (r == 0).then_some(f)
 }
 
 fn ping_sync(sock: &Path) -> bool {
