@@ -7,9 +7,9 @@
 //! - kinglet killed with SIGKILL: a crash loop keeps its back-off, and a
 //!   container dir a crash left half made is removed;
 //! - a reboot while the API server is unreachable (every process, mount
-//!   and pod cgroup gone, every file kept): every pod comes back in a new
-//!   sandbox offline, and when the API returns nothing restarts, pods
-//!   deleted meanwhile are stopped.
+//!   and pod cgroup gone, every file kept), on both runtimes: every pod
+//!   comes back in a new sandbox offline, and when the API returns nothing
+//!   restarts, pods deleted meanwhile are stopped.
 
 mod common;
 
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::gate::ApiGate;
-use common::pods::{monitor_pids, running, simulate_reboot};
+use common::pods::{monitor_pids, running};
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
@@ -252,12 +252,12 @@ struct Network {
 }
 
 impl Network {
-    fn new(dir: &Path) -> Self {
+    fn new(dir: &Path, rt: Rt) -> Self {
         let tag = std::process::id() % 10000;
-        let bridge = format!("klf{tag}");
+        let bridge = format!("klf{tag}r{}", rt as u32);
         let conf = dir.join("net.d");
         std::fs::create_dir_all(&conf).unwrap();
-        let octet = 20 + std::process::id() % 200;
+        let octet = 20 + (std::process::id() % 100) * 2 + rt as u32;
         std::fs::write(
             conf.join("10-test.conflist"),
             serde_json::to_vec(&serde_json::json!({
@@ -281,8 +281,8 @@ impl Drop for Network {
     }
 }
 
-/// `kinglet pods ls` rows as (name, ready, status).
-fn local_pods(root: &Path) -> Vec<(String, String, String)> {
+/// `kinglet pods ls` rows as (name, ready, status, restarts).
+fn local_pods(root: &Path) -> Vec<(String, String, String, String)> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinglet"))
         .arg("--root-dir")
         .arg(root)
@@ -294,20 +294,18 @@ fn local_pods(root: &Path) -> Vec<(String, String, String)> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            Some((
-                f.get(1)?.to_string(),
-                f.get(2)?.to_string(),
-                f.get(3)?.to_string(),
-            ))
+            let field = |i: usize| f.get(i).map(|s| s.to_string());
+            Some((field(1)?, field(2)?, field(3)?, field(4)?))
         })
         .collect()
 }
 
-#[tokio::test]
-async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothing() {
+crate::both_runtimes!(an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothing);
+
+async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothing(rt: Rt) {
     let admin = admin().await;
     let dir = tempfile::tempdir().unwrap();
-    let net = Network::new(dir.path());
+    let net = Network::new(dir.path(), rt);
     let gate = ApiGate::new();
     let name = unique_name("kl-reboot");
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
@@ -324,7 +322,8 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     .map(|s| s.to_string())
     .collect();
     let root = k.dir.path().join("root");
-    pods::import_busybox(&root);
+    k.set_runtime(rt);
+    k.import(pods::busybox_archive());
     k.spawn();
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(30)).await;
@@ -366,7 +365,7 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     gate.set_open(false);
     sigkill(k.pid() as i32);
     let _ = k.terminate(Duration::from_secs(5));
-    simulate_reboot(&root);
+    k.simulate_reboot();
     assert!(pods::mounts_under(&root).is_empty());
     let t = Instant::now();
     k.spawn();
@@ -374,19 +373,19 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
         "every pod Running again offline",
         Duration::from_secs(90),
         || async {
-            // The records say Running from before the power cut: the
-            // monitor's running containers tell the truth.
+            // Restarted once: a new container after the reboot (the
+            // records from before the power cut say Running, restarts 0).
+            let rows = local_pods(&root);
+            let back = names.iter().all(|n| {
+                rows.iter()
+                    .any(|(p, r, s, c)| p == n && r == "1/1" && s == "Running" && c == "1")
+            });
+            // In-process, the monitor's running containers agree.
             let live = records(&root)
                 .iter()
                 .filter(|r| r["status"] == "running")
                 .count();
-            let rows = local_pods(&root);
-            (live == names.len()
-                && names.iter().all(|n| {
-                    rows.iter()
-                        .any(|(p, r, s)| p == n && r == "1/1" && s == "Running")
-                }))
-            .then_some(())
+            (back && (rt == Rt::Cri || live == names.len())).then_some(())
         },
     )
     .await;
@@ -395,11 +394,6 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
         names.len(),
         t.elapsed().as_millis()
     );
-    let running_now = records(&root)
-        .iter()
-        .filter(|r| r["status"] == "running")
-        .count();
-    assert_eq!(running_now, names.len(), "one running container per pod");
     let vol_log = dir.path().join("logs");
     let found = std::process::Command::new("grep")
         .args(["-rq", "found-marker"])
@@ -443,4 +437,148 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
         assert!(running && restarts == 1, "{n}: restarts {restarts}");
     }
     delete_pods(&pods, &names).await;
+}
+
+/// Pods of the app that run with every container ready.
+fn ready_pods(l: &[Pod]) -> Vec<&Pod> {
+    l.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && running(p))
+        .collect()
+}
+
+fn restarts_of(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum())
+}
+
+#[tokio::test]
+async fn kills_under_churn_lose_no_pod_restart_nothing_and_leak_nothing() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{ListParams, Patch, PatchParams};
+    let rounds: usize = std::env::var("KINGLET_FAULT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let admin = admin().await;
+    let (mut k, _logs) = join_logged(Rt::Oci, "kl-fchurn", &[pods::busybox_archive()]);
+    let name = k.name.clone();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
+    let d: Deployment = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": name},
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": BB, "imagePullPolicy": "Never",
+                        "command": ["sleep", "100000"]}]}}}
+    }))
+    .unwrap();
+    deployments.create(&Default::default(), &d).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let lp = ListParams::default().labels(&format!("app={name}"));
+    let root = k.dir.path().join("root");
+    let mut cgroups = std::collections::BTreeSet::new();
+    let (mut kinglet_kills, mut monitor_kills, mut restarts) = (0, 0, 0);
+    // Pods seen Failed at any poll: what the faults lost.
+    let lost = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let t = Instant::now();
+    for (round, n) in (0..rounds).flat_map(|r| [(r, 8usize), (r, 3)]) {
+        let p = serde_json::json!({"spec": {"replicas": n}});
+        deployments
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+            .await
+            .unwrap();
+        // The faults land while the node creates or removes pods.
+        tokio::time::sleep(Duration::from_millis(300 + 200 * round as u64)).await;
+        sigkill(k.pid() as i32);
+        let _ = k.terminate(Duration::from_secs(5));
+        k.spawn();
+        kinglet_kills += 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        if let Some(m) = monitor_pids(&root).first() {
+            sigkill(*m);
+            monitor_kills += 1;
+        }
+        let settled = wait_for(
+            &format!("{n} pods ready, the others gone"),
+            Duration::from_secs(120),
+            || async {
+                let l = pods.list(&lp).await.ok()?.items;
+                for p in &l {
+                    if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") {
+                        lost.borrow_mut()
+                            .insert(p.metadata.name.clone().unwrap_or_default());
+                    }
+                }
+                (l.len() == n && ready_pods(&l).len() == n).then_some(l)
+            },
+        )
+        .await;
+        restarts += settled.iter().map(restarts_of).sum::<i32>();
+        cgroups.extend(pods::pod_cgroups(&root));
+    }
+    let p = serde_json::json!({"spec": {"replicas": 0}});
+    deployments
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&p))
+        .await
+        .unwrap();
+    wait_for("every pod gone", Duration::from_secs(120), || async {
+        pods.list(&lp).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    // What the node must have given back: containers, their dirs and
+    // mounts, sandboxes, FIFOs, pod cgroups.
+    let leaks = || {
+        let count = |d: &str| {
+            std::fs::read_dir(root.join(d))
+                .map(|r| r.count())
+                .unwrap_or(0)
+        };
+        let mut left = Vec::new();
+        for d in [
+            "runtime/oci/containers",
+            "runtime/oci/sandboxes",
+            "runtime/oci/monitor/records",
+            "runtime/oci/monitor/fifos",
+        ] {
+            if count(d) > 0 {
+                left.push(format!("{d}: {}", count(d)));
+            }
+        }
+        left.extend(pods::mounts_under(&root));
+        left.extend(
+            cgroups
+                .iter()
+                .filter(|c| c.exists())
+                .map(|c| c.display().to_string()),
+        );
+        left
+    };
+    let t2 = Instant::now();
+    while !leaks().is_empty() && t2.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left = leaks();
+    println!("figure: faults: | fault | tried | pods lost | unintended restarts | leaked |");
+    println!(
+        "figure: faults: | kill -9 of kinglet under Deployment churn | {kinglet_kills} | {} | {restarts} | {} |",
+        lost.borrow().len(),
+        left.len()
+    );
+    println!(
+        "figure: faults: | kill -9 of the monitor under Deployment churn | {monitor_kills} | 0 | (same run) | (same run) |"
+    );
+    println!(
+        "figure: faults: churn with kills: {} rounds in {} s",
+        rounds,
+        t.elapsed().as_secs()
+    );
+    assert_eq!(restarts, 0, "containers restarted by the kills");
+    assert!(lost.borrow().is_empty(), "pods failed: {:?}", lost.borrow());
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let _ = deployments.delete(&name, &DeleteParams::default()).await;
 }

@@ -235,29 +235,48 @@ impl Kinglet {
         let root = k.dir.path().join("root");
         std::fs::create_dir_all(&root).unwrap();
         prep(&root);
-        k.rt = rt;
-        if rt == Rt::Cri {
-            let dir = k.dir.path().join("containerd");
-            // A test's own --cni-conf-dir becomes containerd's.
-            let mut args = vec![dir.display().to_string()];
-            if let Some(i) = k.extra_args.iter().position(|a| a == "--cni-conf-dir") {
-                args.extend(k.extra_args.get(i + 1).cloned());
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let endpoint = run_script("containerd-up.sh", &args);
-            k.containerd = Some(dir);
-            k.extra_args.extend([
-                "--runtime".into(),
-                "cri".into(),
-                "--container-runtime-endpoint".into(),
-                endpoint,
-            ]);
-        }
+        k.set_runtime(rt);
         for i in images {
             k.import(i);
         }
         k.spawn();
         k
+    }
+
+    /// Runs pods with `rt`: with CRI, a private containerd is started (the
+    /// test's own `--cni-conf-dir`, set before, becomes containerd's).
+    pub fn set_runtime(&mut self, rt: Rt) {
+        self.rt = rt;
+        if rt != Rt::Cri {
+            return;
+        }
+        let dir = self.dir.path().join("containerd");
+        let mut args = vec![dir.display().to_string()];
+        if let Some(i) = self.extra_args.iter().position(|a| a == "--cni-conf-dir") {
+            args.extend(self.extra_args.get(i + 1).cloned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let endpoint = run_script("containerd-up.sh", &args);
+        self.containerd = Some(dir);
+        self.extra_args.extend([
+            "--runtime".into(),
+            "cri".into(),
+            "--container-runtime-endpoint".into(),
+            endpoint,
+        ]);
+    }
+
+    /// What a reboot takes from the node (kinglet must be stopped): every
+    /// process, mount and pod cgroup of its runtime, every file kept; with
+    /// CRI, containerd's state dir too, and containerd is started again.
+    pub fn simulate_reboot(&self) {
+        pods::simulate_reboot(&self.dir.path().join("root"));
+        if let Some(dir) = &self.containerd {
+            let d = dir.to_str().unwrap();
+            run_script("containerd-reboot.sh", &[d]);
+            let cni = std::fs::read_to_string(dir.join("cni-conf-dir")).unwrap();
+            run_script("containerd-up.sh", &[d, cni.trim()]);
+        }
     }
 
     /// Loads an image archive into the node's runtime: kinglet's store, or
