@@ -65,6 +65,31 @@ impl Drop for Events {
     }
 }
 
+/// Resolves when the monitor serving `dir` exits: its pidfd (found
+/// through the holder of its lock) turns readable. Its event stream may
+/// not end then: a container init it forked and that has not exec'd yet
+/// holds a copy of every socket of the monitor. Never resolves where the
+/// monitor cannot be watched so.
+async fn monitor_exit(dir: Option<PathBuf>) {
+    let fd = dir
+        .as_deref()
+        .and_then(crate::monitor::monitor_pid)
+        .and_then(crate::monitor::adopt::pidfd);
+    let watched = fd.and_then(|fd| {
+        // SAFETY: the AsyncFd owns the pidfd, open for its whole life.
+        unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+        }
+        .ok()
+    });
+    match watched {
+        Some(afd) => {
+            let _ = afd.readable().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
 async fn follow(
     monitor: Client,
     restart: Option<(PathBuf, PathBuf)>,
@@ -72,12 +97,22 @@ async fn follow(
     seen: watch::Sender<u64>,
 ) {
     loop {
+        let mut died = false;
         match monitor.watch().await {
             Ok(mut w) => {
                 // What changed while nobody watched is found by one relist.
                 changes.notify_one();
+                let exit = monitor_exit(restart.as_ref().map(|(_, d)| d.clone()));
+                tokio::pin!(exit);
                 loop {
-                    match w.next().await {
+                    let next = tokio::select! {
+                        n = w.next() => n,
+                        () = &mut exit => {
+                            died = true;
+                            break;
+                        }
+                    };
+                    match next {
                         Ok(Some(ev)) => {
                             debug!(container = %ev.id, status = %ev.status, "container event");
                             seen.send_modify(|n| *n += 1);
@@ -96,10 +131,10 @@ async fn follow(
         seen.send_modify(|n| *n += 1);
         changes.notify_one();
         if let Some((exe, dir)) = &restart
-            && !monitor.ping().await
+            && (died || !monitor.ping().await)
         {
             warn!(dir = %dir.display(), "the container monitor is gone; starting a new one");
-            match monitor.ensure_running(exe, dir).await {
+            match monitor.restart(exe, dir).await {
                 Ok(()) => {
                     info!("a new container monitor took the containers over");
                     continue;

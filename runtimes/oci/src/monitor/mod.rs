@@ -351,6 +351,42 @@ fn unexpected(r: Response) -> MonitorError {
 }
 
 /// Talks to the monitor.
+/// The monitor dir's lock file (see `server::lock_dir`).
+fn lock_file(dir: &Path) -> Option<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(dir.join("monitor.lock"))
+        .ok()
+}
+
+/// A whole-file write lock, as `fcntl` takes it.
+fn write_lock() -> libc::flock {
+    // SAFETY: a zeroed flock is valid; its fields are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl
+}
+
+/// The pid of the monitor serving `dir`: the holder of its lock.
+pub fn monitor_pid(dir: &Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let f = lock_file(dir)?;
+    let mut fl = write_lock();
+    // SAFETY: fcntl F_GETLK on an fd we own with a valid flock.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    (r == 0 && fl.l_type != libc::F_UNLCK as libc::c_short && fl.l_pid > 0).then_some(fl.l_pid)
+}
+
+/// How long a ping may take before the monitor counts as gone.
+const PING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long any other request may take (the single-threaded monitor
+/// answers in turn; creating a container takes ~100 ms).
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 #[derive(Clone, Debug)]
 pub struct Client {
     sock: PathBuf,
@@ -376,7 +412,27 @@ impl Client {
 
     /// Sends `req` on a new connection and reads the first answer; the
     /// connection is returned for a watch to go on reading.
+    /// One request and its answer, which must come within `ANSWER_WAIT`:
+    /// a monitor killed while it created a container leaves its listening
+    /// socket open in the container's init (forked, not yet exec'd), where
+    /// a connection is taken and never answered.
     async fn exchange(
+        &self,
+        req: &Request,
+    ) -> Result<(Response, BufReader<tokio::net::UnixStream>), MonitorError> {
+        let wait = match req {
+            Request::Ping => PING_WAIT,
+            _ => ANSWER_WAIT,
+        };
+        match tokio::time::timeout(wait, self.exchange_unbounded(req)).await {
+            Ok(r) => r,
+            Err(_) => Err(MonitorError::Failed(format!(
+                "the monitor did not answer within {wait:?}"
+            ))),
+        }
+    }
+
+    async fn exchange_unbounded(
         &self,
         req: &Request,
     ) -> Result<(Response, BufReader<tokio::net::UnixStream>), MonitorError> {
@@ -538,6 +594,17 @@ impl Client {
         if self.ping().await {
             return Ok(());
         }
+        self.start_locked(exe, dir).await
+    }
+
+    /// Starts a monitor for `dir` without asking the one that is known to
+    /// have died (its socket may still take connections it never answers).
+    pub async fn restart(&self, exe: &Path, dir: &Path) -> Result<(), MonitorError> {
+        let _one = self.starting.lock().await;
+        self.start_locked(exe, dir).await
+    }
+
+    async fn start_locked(&self, exe: &Path, dir: &Path) -> Result<(), MonitorError> {
         let st = tokio::process::Command::new(exe)
             .arg("monitor")
             .arg("--dir")

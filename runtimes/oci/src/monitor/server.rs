@@ -70,9 +70,8 @@ struct Tap {
 pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir.join("records")).map_err(|e| format!("{}: {e}", dir.display()))?;
     let sock = socket_path(dir);
-    if ping_sync(&sock) {
-        return Ok(());
-    }
+    // No ping first: the lock decides, and a ping can hang on a dead
+    // monitor's socket that a forked container init still holds open.
     let (ready_r, ready_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| e.to_string())?;
     // SAFETY: this process is single-threaded here (the `monitor` command
@@ -93,10 +92,6 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
     let Some(_lock) = lock_dir(dir) else {
         std::process::exit(0);
     };
-    if ping_sync(&sock) {
-        // A monitor of a version without the lock serves already.
-        std::process::exit(0);
-    }
     let _ = std::fs::remove_file(&sock);
     let listener = match UnixListener::bind(&sock).and_then(|l| {
         l.set_nonblocking(true)?;
@@ -165,31 +160,11 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
 /// forked container process never inherits it, so a container cannot keep
 /// a new monitor out), released by the kernel when the monitor dies.
 fn lock_dir(dir: &Path) -> Option<std::fs::File> {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(dir.join("monitor.lock"))
-        .ok()?;
-    // SAFETY: a zeroed flock is a valid argument once its fields are set.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as _;
-    fl.l_whence = libc::SEEK_SET as _;
+    let f = super::lock_file(dir)?;
+    let mut fl = super::write_lock();
     // SAFETY: fcntl on an fd we own with a valid flock.
-    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) };
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &mut fl) };
     (r == 0).then_some(f)
-}
-
-fn ping_sync(sock: &Path) -> bool {
-    let Ok(mut s) = UnixStream::connect(sock) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(2)));
-    if s.write_all(b"{\"op\":\"ping\"}\n").is_err() {
-        return false;
-    }
-    let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(n) if n > 0)
 }
 
 fn signalfd_chld() -> Result<OwnedFd, String> {
