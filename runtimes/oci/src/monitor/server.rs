@@ -362,6 +362,47 @@ impl Monitor {
             }
             self.records.insert(r.id.clone(), r);
         }
+        self.sweep_unrecorded();
+    }
+
+    /// What a monitor killed in the middle of a create leaves: the FIFOs
+    /// and the libcontainer state (a cgroup, maybe an init process) of a
+    /// container it never recorded. Run before serving, so no create of
+    /// this monitor is under way.
+    fn sweep_unrecorded(&mut self) {
+        let fifos = self.dir.join("fifos");
+        for e in std::fs::read_dir(&fifos).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.rsplit_once('.').map_or(name.as_str(), |(id, _)| id);
+            if !self.records.contains_key(id) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        for e in std::fs::read_dir(&self.state_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if self.records.contains_key(&id) {
+                continue;
+            }
+            let gone = container::delete(&self.state_root, &id).or_else(|_| {
+                let state: serde_json::Value = std::fs::read(e.path().join("state.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default();
+                let bundle = PathBuf::from(state["bundle"].as_str().unwrap_or_default());
+                container::forget(&self.state_root, &id, &bundle)
+            });
+            eprintln!(
+                "{} container {id} was never recorded (a monitor died creating it): removed{}",
+                jiff::Timestamp::now(),
+                gone.err()
+                    .map(|e| format!(" but for: {e}"))
+                    .unwrap_or_default()
+            );
+        }
     }
 
     /// Watches a live container of an earlier monitor: a pidfd for its exit
