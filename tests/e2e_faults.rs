@@ -53,6 +53,22 @@ fn line_numbers(log: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// The node's pod status writes so far, from the apiserver's audit log.
+fn status_writes(node: &str) -> usize {
+    let user = format!("system:node:{node}");
+    let text = std::fs::read_to_string(cluster_dir().join("logs/audit.log")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains(&user))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            e["user"]["username"] == user.as_str()
+                && e["stage"] == "ResponseComplete"
+                && e["objectRef"]["resource"] == "pods"
+                && e["objectRef"]["subresource"] == "status"
+        })
+        .count()
+}
+
 /// (container ID, restart count) of the pod's first container.
 async fn first_container(pods: &Api<Pod>, name: &str) -> Option<(String, i32, bool)> {
     let p = pods.get(name).await.ok()?;
@@ -409,6 +425,7 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     let gone = names.remove(0);
     before.remove(0);
     pods.delete(&gone, &DeleteParams::default()).await.unwrap();
+    let writes_before = status_writes(&name);
     let t = Instant::now();
     gate.set_open(true);
     let after = wait_for("statuses converged", Duration::from_secs(60), || async {
@@ -431,6 +448,14 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     }
     // Reconnecting restarts nothing.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // One status write per changed pod, not a storm: the status manager
+    // sends each pod's newest status once.
+    let writes = status_writes(&name) - writes_before;
+    println!(
+        "figure: faults: API back: {writes} pod status writes for {} pods",
+        names.len() + 1
+    );
+    assert!(writes <= 3 * (names.len() + 1), "{writes} status writes");
     for (n, a) in names.iter().zip(&after) {
         let (id, restarts, running) = first_container(&pods, n).await.unwrap();
         assert_eq!(&id, a, "{n} restarted after the API came back");

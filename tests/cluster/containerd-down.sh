@@ -11,19 +11,11 @@ dir=$(realpath -m "${1:-$CLUSTER_DIR/containerd}")
 sock=$dir/containerd.sock
 cni_dir=$(cat "$dir/cni-conf-dir" 2>/dev/null || echo "$dir/net.d")
 bridge=$(cat "$cni_dir"/*.conflist 2>/dev/null | tr -d '\n ' | grep -o '"bridge":"[^"]*"' | head -1 | cut -d'"' -f4)
-netns=()
-cgroups=()
+# The sandboxes' netns and the pods' cgroups, released once their
+# processes are gone.
+containerd_pod_state "$sock"
 if [ -S "$sock" ]; then
   c="ctr --address $sock -n k8s.io"
-  # The sandboxes' network namespaces (containerd keeps them in the host's
-  # netns dir), to release after their processes are gone.
-  for ctr_id in $($c containers ls -q 2>/dev/null); do
-    while read -r ns; do netns+=("$ns"); done < <($c containers info "$ctr_id" 2>/dev/null |
-      grep -o '"/var/run/netns/cni-[0-9a-f-]*"\|"/run/netns/cni-[0-9a-f-]*"' | tr -d '"' | sort -u)
-    # Pod cgroups (/kubepods/<qos>/pod<uid>), the kubelet's to remove.
-    while read -r cg; do cgroups+=("$(dirname "$cg")"); done < <($c containers info "$ctr_id" 2>/dev/null |
-      sed -n 's/.*"cgroupsPath": "\(\/kubepods[^"]*\)".*/\1/p')
-  done
   for t in $($c tasks ls -q 2>/dev/null); do
     $c tasks kill -s SIGKILL "$t" >/dev/null 2>&1
   done

@@ -8,19 +8,12 @@
 # cut. Start it again with containerd-up.sh DIR.
 #   containerd-reboot.sh DIR
 set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 dir=$(realpath -m "$1")
 sock=$dir/containerd.sock
-netns=()
-cgroups=()
-if [ -S "$sock" ]; then
-  c="ctr --address $sock -n k8s.io"
-  for ctr_id in $($c containers ls -q 2>/dev/null); do
-    while read -r ns; do netns+=("$ns"); done < <($c containers info "$ctr_id" 2>/dev/null |
-      grep -o '"/var/run/netns/cni-[0-9a-f-]*"\|"/run/netns/cni-[0-9a-f-]*"' | tr -d '"' | sort -u)
-    while read -r cg; do cgroups+=("$(dirname "$cg")"); done < <($c containers info "$ctr_id" 2>/dev/null |
-      sed -n 's/.*"cgroupsPath": "\(\/kubepods[^"]*\)".*/\1/p')
-  done
-fi
+containerd_pod_state "$sock"
 # The power goes: containerd, its shims and every process in the pods.
 [ -f "$dir/containerd.pid" ] && kill -9 "$(cat "$dir/containerd.pid")" 2>/dev/null
 pkill -9 -f -- "-address $sock" 2>/dev/null

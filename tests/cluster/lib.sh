@@ -66,3 +66,20 @@ KC
   chmod 600 "$file.tmp"
   mv "$file.tmp" "$file"
 }
+
+# containerd_pod_state SOCK: fills the arrays netns (the sandboxes' network
+# namespaces, which containerd keeps in the host's netns dir) and cgroups
+# (the pods' cgroups, /kubepods/<qos>/pod<uid>, the kubelet's to remove) of
+# the containerd listening on SOCK.
+containerd_pod_state() {
+  local c="ctr --address $1 -n k8s.io" ctr_id ns cg
+  netns=()
+  cgroups=()
+  [ -S "$1" ] || return 0
+  for ctr_id in $($c containers ls -q 2>/dev/null); do
+    while read -r ns; do netns+=("$ns"); done < <($c containers info "$ctr_id" 2>/dev/null |
+      grep -o '"/var/run/netns/cni-[0-9a-f-]*"\|"/run/netns/cni-[0-9a-f-]*"' | tr -d '"' | sort -u)
+    while read -r cg; do cgroups+=("$(dirname "$cg")"); done < <($c containers info "$ctr_id" 2>/dev/null |
+      sed -n 's/.*"cgroupsPath": "\(\/kubepods[^"]*\)".*/\1/p')
+  done
+}
