@@ -36,6 +36,8 @@ pub enum StoreError {
     Unsealed { path: PathBuf },
     #[error("no randomness for the store key")]
     Random,
+    #[error("the store's blocking task failed")]
+    Task,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -152,6 +154,46 @@ impl LocalStore {
             .open_in_place(nonce, Aad::from(aad.as_bytes()), &mut sealed)
             .map_err(|_| StoreError::Unsealed { path: path.clone() })?;
         Ok(Some(open.to_vec()))
+    }
+
+    /// [`Self::put`] (with `None`, [`Self::remove`]) off the async thread.
+    pub async fn write(
+        self: &std::sync::Arc<Self>,
+        pod_uid: &str,
+        name: &str,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), StoreError> {
+        let (st, uid, name) = (self.clone(), pod_uid.to_string(), name.to_string());
+        tokio::task::spawn_blocking(move || match value {
+            Some(v) => st.put(&uid, &name, &v),
+            None => {
+                st.remove(&uid, &name);
+                Ok(())
+            }
+        })
+        .await
+        .map_err(|_| StoreError::Task)?
+    }
+
+    /// The pod's kept copy of `name` as JSON, read off the async thread; a
+    /// copy that cannot be read is logged and reads as none.
+    pub async fn read_json<T: serde::de::DeserializeOwned + Send + 'static>(
+        self: &std::sync::Arc<Self>,
+        pod_uid: &str,
+        name: &str,
+    ) -> Option<T> {
+        let (st, uid, n) = (self.clone(), pod_uid.to_string(), name.to_string());
+        let got = tokio::task::spawn_blocking(move || st.get(&uid, &n))
+            .await
+            .map_err(|_| StoreError::Task)
+            .and_then(|r| r);
+        match got {
+            Ok(v) => serde_json::from_slice(&v?).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the local store");
+                None
+            }
+        }
     }
 
     /// Forgets the pod's copy of `name`.

@@ -261,42 +261,6 @@ async fn a_killed_kinglet_keeps_backoffs_and_sweeps_half_made_containers() {
     delete_pods(&pods, std::slice::from_ref(&name)).await;
 }
 
-/// A private CNI network (bridge, subnet), removed when dropped.
-struct Network {
-    conf: PathBuf,
-    bridge: String,
-}
-
-impl Network {
-    fn new(dir: &Path, rt: Rt) -> Self {
-        let tag = std::process::id() % 10000;
-        let bridge = format!("klf{tag}r{}", rt as u32);
-        let conf = dir.join("net.d");
-        std::fs::create_dir_all(&conf).unwrap();
-        let octet = 20 + (std::process::id() % 100) * 2 + rt as u32;
-        std::fs::write(
-            conf.join("10-test.conflist"),
-            serde_json::to_vec(&serde_json::json!({
-                "cniVersion": "1.0.0", "name": "klfaults",
-                "plugins": [{"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
-                    "ipam": {"type": "host-local", "ranges": [[{"subnet": format!("10.202.{octet}.0/24")}]],
-                        "dataDir": dir.join("ipam")}}]
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-        Network { conf, bridge }
-    }
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.bridge])
-            .status();
-    }
-}
-
 /// `kinglet pods ls` rows as (name, ready, status, restarts).
 fn local_pods(root: &Path) -> Vec<(String, String, String, String)> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinglet"))
@@ -321,7 +285,14 @@ crate::both_runtimes!(an_offline_reboot_brings_every_pod_back_and_reconnecting_r
 async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothing(rt: Rt) {
     let admin = admin().await;
     let dir = tempfile::tempdir().unwrap();
-    let net = Network::new(dir.path(), rt);
+    let octet = 20 + (std::process::id() % 100) * 2 + rt as u32;
+    let bridge = format!("klf{}r{}", std::process::id() % 10000, rt as u32);
+    let net = pods::BridgeNet::new(
+        dir.path(),
+        "klfaults",
+        bridge,
+        &format!("10.202.{octet}.0/24"),
+    );
     let gate = ApiGate::new();
     let name = unique_name("kl-reboot");
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);

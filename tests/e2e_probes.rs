@@ -35,15 +35,7 @@ fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
 struct Net {
     k: Kinglet,
     dir: tempfile::TempDir,
-    bridge: String,
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.bridge])
-            .status();
-    }
+    _net: pods::BridgeNet,
 }
 
 fn join(rt: Rt, prefix: &str, slot: u32) -> Net {
@@ -52,19 +44,13 @@ fn join(rt: Rt, prefix: &str, slot: u32) -> Net {
     let tag = std::process::id() % 10000;
     let bridge = format!("klp{tag}s{slot}r{ri}");
     let octet = 20 + (std::process::id() % 50) * 4 + slot * 2 + ri;
-    let conf = dir.path().join("net.d");
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("10-probes.conflist"),
-        serde_json::to_vec(&serde_json::json!({
-            "cniVersion": "1.0.0", "name": "klprobes",
-            "plugins": [{"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": format!("10.202.{octet}.0/24")}]],
-                         "dataDir": dir.path().join("ipam")}}]
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    let net = pods::BridgeNet::new(
+        dir.path(),
+        "klprobes",
+        bridge,
+        &format!("10.202.{octet}.0/24"),
+    );
+    let conf = net.conf.clone();
     let k = Kinglet::start_rt(
         rt,
         &unique_name(prefix),
@@ -80,7 +66,7 @@ fn join(rt: Rt, prefix: &str, slot: u32) -> Net {
         ],
         &[pods::busybox_archive(), pods::agnhost_archive()],
     );
-    Net { k, dir, bridge }
+    Net { k, dir, _net: net }
 }
 
 /// Creates the pod `name` on the node from the YAML of its spec.

@@ -60,7 +60,7 @@ pub async fn kept_env(
     let Some(store) = store else {
         return read;
     };
-    let (uid, name) = (pod_uid.to_string(), format!("env/{container}"));
+    let name = format!("env/{container}");
     match read {
         Ok(env) => {
             let kept = KeptEnv {
@@ -72,25 +72,17 @@ pub async fn kept_env(
                 services: env.1.clone(),
             };
             if let Ok(bytes) = serde_json::to_vec(&kept) {
-                let _ = tokio::task::spawn_blocking(move || store.put(&uid, &name, &bytes)).await;
+                let _ = store.write(pod_uid, &name, Some(bytes)).await;
             }
             Ok(env)
         }
-        Err(e) => {
-            let got = tokio::task::spawn_blocking(move || store.get(&uid, &name)).await;
-            let kept = got
-                .ok()
-                .and_then(|r| r.ok())
-                .flatten()
-                .and_then(|b| serde_json::from_slice::<KeptEnv>(&b).ok());
-            match kept {
-                Some(k) => Ok(EnvObjects(
-                    k.objects.into_iter().map(|(k, n, v)| ((k, n), v)).collect(),
-                    k.services,
-                )),
-                None => Err(e),
-            }
-        }
+        Err(e) => match store.read_json::<KeptEnv>(pod_uid, &name).await {
+            Some(k) => Ok(EnvObjects(
+                k.objects.into_iter().map(|(k, n, v)| ((k, n), v)).collect(),
+                k.services,
+            )),
+            None => Err(e),
+        },
     }
 }
 

@@ -29,7 +29,7 @@ pub struct Services {
     store: Store<Service>,
     /// The watch's last attempt failed (the API server cannot be reached):
     /// a first list is not waited for then.
-    failing: Arc<std::sync::atomic::AtomicBool>,
+    failing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Services {
@@ -46,8 +46,7 @@ impl Services {
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .reflect(writer);
-        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let f = failing.clone();
+        let (f, failing) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut stream = stream.boxed();
             loop {
@@ -55,7 +54,7 @@ impl Services {
                     _ = shutdown.cancelled() => return,
                     next = stream.next() => match next {
                         None => return,
-                        Some(r) => f.store(r.is_err(), std::sync::atomic::Ordering::Relaxed),
+                        Some(r) => { f.send_replace(r.is_err()); }
                     },
                 }
             }
@@ -67,18 +66,13 @@ impl Services {
     /// order; an error while the Services were never listed, as upstream
     /// refuses to build a container's environment then.
     pub async fn env(&self, pod: &Pod) -> Result<Vec<(String, String)>, String> {
-        let failing = || self.failing.load(std::sync::atomic::Ordering::Relaxed);
+        let mut failing = self.failing.clone();
         let first_list = async {
-            // Woken each second to see whether the watch is failing.
-            while tokio::time::timeout(Duration::from_secs(1), self.store.wait_until_ready())
-                .await
-                .is_err()
-            {
-                if failing() {
-                    return false;
-                }
+            tokio::select! {
+                biased;
+                _ = self.store.wait_until_ready() => true,
+                _ = failing.wait_for(|f| *f) => false,
             }
-            true
         };
         let listed = matches!(
             tokio::time::timeout(FIRST_LIST_WAIT, first_list).await,

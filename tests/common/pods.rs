@@ -84,31 +84,51 @@ pub fn import_archive(root: &Path, archive: &Path) {
 /// (stopped) kinglet with this root dir left.
 pub fn cleanup_root(root: &Path) {
     super::monitor_cleanup(&root.join("runtime/oci/monitor/monitor.sock"));
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    for m in mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(root.to_str().unwrap()))
-    {
+    unmount_under(root);
+    for cg in pod_cgroups(root) {
+        let _ = std::fs::remove_dir(cg);
+    }
+}
+
+/// Unmounts (lazily) everything mounted under `root`, deepest first.
+fn unmount_under(root: &Path) {
+    for m in mounts_under(root).iter().rev() {
         let _ = Command::new("umount").args(["-l", m]).status();
     }
-    if let Ok(rd) = std::fs::read_dir(root.join("runtime/oci/sandboxes")) {
-        for e in rd.flatten() {
-            let meta: serde_json::Value = std::fs::read(e.path().join("meta.json"))
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or_default();
-            if let Some(parent) = meta["cgroup_parent"].as_str() {
-                for base in std::fs::read_dir("/sys/fs/cgroup")
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                {
-                    let _ = std::fs::remove_dir(base.path().join(parent));
-                }
-                let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(parent));
-            }
-        }
+}
+
+/// A private CNI network for a test node: a bridge conflist with
+/// host-local addresses from `subnet` (kept under `dir/ipam`) in
+/// `dir/net.d`; the bridge goes when this is dropped.
+pub struct BridgeNet {
+    pub conf: PathBuf,
+    pub bridge: String,
+}
+
+impl BridgeNet {
+    pub fn new(dir: &Path, name: &str, bridge: String, subnet: &str) -> Self {
+        let conf = dir.join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(
+            conf.join(format!("10-{name}.conflist")),
+            serde_json::to_vec(&serde_json::json!({
+                "cniVersion": "1.0.0", "name": name,
+                "plugins": [{"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": false,
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                             "dataDir": dir.join("ipam")}}]
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        BridgeNet { conf, bridge }
+    }
+}
+
+impl Drop for BridgeNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
     }
 }
 
@@ -239,16 +259,7 @@ pub fn simulate_reboot(root: &Path) {
         monitor_pids(root).is_empty(),
         "the monitor survived SIGKILL"
     );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut points: Vec<&str> = mounts
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| m.starts_with(root.to_str().unwrap()))
-        .collect();
-    points.reverse();
-    for m in points {
-        let _ = Command::new("umount").args(["-l", m]).status();
-    }
+    unmount_under(root);
     for cg in &cgroups {
         for d in cgroup_tree(cg) {
             let _ = std::fs::remove_dir(d);

@@ -33,17 +33,17 @@ impl Events {
         }
     }
 
-    /// Starts following `monitor` (once; later calls do nothing); with
-    /// `restart` (kinglet's executable and the monitor's dir), a monitor
-    /// found gone is started again.
-    pub fn follow(&self, monitor: Client, restart: Option<(PathBuf, PathBuf)>) {
+    /// Starts following `monitor` (once; later calls do nothing), which
+    /// serves `dir`; one found gone is started again from `exe` (kinglet).
+    pub fn follow(&self, monitor: Client, exe: PathBuf, dir: PathBuf) {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if task.is_some() {
             return;
         }
         let changes = self.changes.clone();
         let seen = self.seen.clone();
-        *task = Some(tokio::spawn(follow(monitor, restart, changes, seen)).abort_handle());
+        let task_fut = follow(monitor, exe, dir, changes, seen);
+        *task = Some(tokio::spawn(task_fut).abort_handle());
     }
 
     /// Notified (with a stored permit) whenever a container changed.
@@ -70,11 +70,8 @@ impl Drop for Events {
 /// not end then: a container init it forked and that has not exec'd yet
 /// holds a copy of every socket of the monitor. Never resolves where the
 /// monitor cannot be watched so.
-async fn monitor_exit(dir: Option<PathBuf>) {
-    let fd = dir
-        .as_deref()
-        .and_then(crate::monitor::monitor_pid)
-        .and_then(crate::monitor::adopt::pidfd);
+async fn monitor_exit(dir: &std::path::Path) {
+    let fd = crate::monitor::monitor_pid(dir).and_then(crate::monitor::adopt::pidfd);
     let watched = fd.and_then(|fd| {
         // SAFETY: the AsyncFd owns the pidfd, open for its whole life.
         unsafe {
@@ -92,7 +89,8 @@ async fn monitor_exit(dir: Option<PathBuf>) {
 
 async fn follow(
     monitor: Client,
-    restart: Option<(PathBuf, PathBuf)>,
+    exe: PathBuf,
+    dir: PathBuf,
     changes: Arc<Notify>,
     seen: watch::Sender<u64>,
 ) {
@@ -102,7 +100,7 @@ async fn follow(
             Ok(mut w) => {
                 // What changed while nobody watched is found by one relist.
                 changes.notify_one();
-                let exit = monitor_exit(restart.as_ref().map(|(_, d)| d.clone()));
+                let exit = monitor_exit(&dir);
                 tokio::pin!(exit);
                 loop {
                     let next = tokio::select! {
@@ -130,11 +128,9 @@ async fn follow(
         }
         seen.send_modify(|n| *n += 1);
         changes.notify_one();
-        if let Some((exe, dir)) = &restart
-            && (died || !monitor.ping().await)
-        {
+        if died || !monitor.ping().await {
             warn!(dir = %dir.display(), "the container monitor is gone; starting a new one");
-            match monitor.restart(exe, dir).await {
+            match monitor.restart(&exe, &dir).await {
                 Ok(()) => {
                     info!("a new container monitor took the containers over");
                     continue;

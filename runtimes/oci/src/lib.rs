@@ -92,7 +92,7 @@ impl SandboxMeta {
     /// pod then gets a new sandbox, as upstream makes one for a sandbox
     /// that is not ready.
     fn ready(&self, boot: &str) -> bool {
-        if !self.boot_id.is_empty() && !boot.is_empty() && self.boot_id != boot {
+        if !procid::same_boot(&self.boot_id, boot) {
             return false;
         }
         [&self.netns, &self.ipc, &self.uts]
@@ -159,6 +159,8 @@ pub struct OciRuntime {
     log_rotation: (u64, u32),
     /// Container events from the monitor.
     events: events::Events,
+    /// This boot's ID, read once: sandboxes record it and are judged by it.
+    boot_id: String,
 }
 
 /// Runs blocking filesystem work on tokio's blocking pool.
@@ -222,6 +224,7 @@ impl OciRuntime {
             exe: std::sync::OnceLock::new(),
             log_rotation: (10 << 20, 5),
             events: events::Events::new(),
+            boot_id: procid::boot_id(),
         }
     }
 
@@ -248,7 +251,7 @@ impl OciRuntime {
         // (and wakes the PLEG every second meanwhile).
         let dir = self.dir.join("monitor");
         self.events
-            .follow(self.monitor.clone(), Some((exe.to_path_buf(), dir.clone())));
+            .follow(self.monitor.clone(), exe.to_path_buf(), dir.clone());
         self.monitor
             .ensure_running(exe, &dir)
             .await
@@ -811,7 +814,7 @@ impl Runtime for OciRuntime {
                 ip: None,
                 ipc: None,
                 uts: None,
-                boot_id: procid::boot_id(),
+                boot_id: self.boot_id.clone(),
             };
             let with_net = self.cni.is_some() && !cfg.host_network;
             let ns = network::PodNamespaces {
@@ -912,13 +915,12 @@ impl Runtime for OciRuntime {
     fn list_pod_sandboxes(&self) -> BoxFuture<'_, Result<Vec<SandboxStatus>, RuntimeError>> {
         Box::pin(async move {
             let mut out = Vec::new();
-            let boot = procid::boot_id();
             if let Ok(rd) = std::fs::read_dir(self.dir.join("sandboxes")) {
                 for e in rd.flatten() {
                     if let Some(m) = read_json::<SandboxMeta>(&e.path().join("meta.json")) {
                         out.push(SandboxStatus {
                             id: e.file_name().to_string_lossy().into_owned(),
-                            ready: m.ready(&boot),
+                            ready: m.ready(&self.boot_id),
                             pod_uid: m.pod_uid,
                             ip: m.ip,
                             created_at: m.created_at,

@@ -327,7 +327,6 @@ pub fn create_namespaces(ns: &PodNamespaces) -> Result<(), String> {
     Ok(())
 }
 
-/// Unmounts and removes a namespace file.
 /// Whether `path` still holds a namespace (a bind mount of an nsfs file):
 /// a reboot or an unmount leaves a plain empty file behind.
 pub fn is_namespace(path: &Path) -> bool {
@@ -335,6 +334,7 @@ pub fn is_namespace(path: &Path) -> bool {
     rustix::fs::statfs(path).is_ok_and(|s| s.f_type as u64 == NSFS_MAGIC)
 }
 
+/// Unmounts and removes a namespace file.
 pub fn remove_netns(path: &Path) {
     let _ = rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH);
     let _ = std::fs::remove_file(path);

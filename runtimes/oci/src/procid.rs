@@ -15,6 +15,12 @@ pub fn boot_id() -> String {
         .unwrap_or_default()
 }
 
+/// Whether something recorded in boot `recorded` belongs to boot
+/// `current`; where either is unknown (empty), the boot cannot tell.
+pub fn same_boot(recorded: &str, current: &str) -> bool {
+    recorded.is_empty() || current.is_empty() || recorded == current
+}
+
 /// The start time of `pid` in clock ticks since boot (`/proc/<pid>/stat`,
 /// field 22), if the process exists.
 pub fn start_ticks(pid: i32) -> Option<u64> {
@@ -56,7 +62,7 @@ impl Identity {
     /// boot, same start time. A record without a start time (written by an
     /// older monitor) is trusted on the boot alone, and only if it has one.
     pub fn is_alive(&self, current_boot: &str) -> bool {
-        if !self.boot_id.is_empty() && !current_boot.is_empty() && self.boot_id != current_boot {
+        if !same_boot(&self.boot_id, current_boot) {
             return false;
         }
         match start_ticks(self.pid) {

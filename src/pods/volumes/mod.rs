@@ -141,16 +141,7 @@ impl Volumes {
         if self.kept.get(name) == Some(&bytes) {
             return;
         }
-        let n = name.to_string();
-        let done = blocking(move || match value {
-            Some(v) => store.put(&uid, &n, &v).map_err(|e| e.to_string()),
-            None => {
-                store.remove(&uid, &n);
-                Ok(())
-            }
-        })
-        .await;
-        match done {
+        match store.write(&uid, name, value).await {
             Ok(()) => {
                 self.kept.insert(name.to_string(), bytes);
             }
@@ -166,17 +157,9 @@ impl Volumes {
         pod: &Pod,
         name: &str,
     ) -> Option<T> {
-        let store = self.node.store.clone()?;
+        let store = self.node.store.as_ref()?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let n = name.to_string();
-        let got = blocking(move || store.get(&uid, &n).map_err(|e| e.to_string())).await;
-        match got {
-            Ok(v) => serde_json::from_slice(&v?).ok(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the local store");
-                None
-            }
-        }
+        store.read_json(&uid, name).await
     }
 
     /// Prepares (or refreshes) every volume of the pod. `Ok` says when a

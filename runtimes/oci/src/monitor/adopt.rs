@@ -58,7 +58,8 @@ pub fn open_reader(path: &Path) -> std::io::Result<OwnedFd> {
 /// A container taken over from an earlier monitor.
 pub struct Adopted {
     pub id: String,
-    pub pid: i32,
+    /// The process as recorded (a pid is only ever compared with it).
+    pub who: crate::procid::Identity,
     /// Readable when the process exits; `None` where the kernel has no
     /// pidfds (before 5.3): the exit is then found by a once-a-second check.
     pub pidfd: Option<OwnedFd>,

@@ -146,6 +146,17 @@ pub struct ContainerRecord {
     pub log_max_files: u32,
 }
 
+impl ContainerRecord {
+    /// The process as this record knows it.
+    pub fn identity(&self) -> crate::procid::Identity {
+        crate::procid::Identity {
+            pid: self.pid,
+            boot_id: self.boot_id.clone(),
+            start_ticks: self.start_ticks,
+        }
+    }
+}
+
 // One answer at a time, decoded and dropped: a record's size in the enum
 // costs nothing worth a box at every match.
 #[allow(clippy::large_enum_variant)]
@@ -350,7 +361,6 @@ fn unexpected(r: Response) -> MonitorError {
     MonitorError::Failed(format!("unexpected answer {r:?}"))
 }
 
-/// Talks to the monitor.
 /// The monitor dir's lock file (see `server::lock_dir`).
 fn lock_file(dir: &Path) -> Option<std::fs::File> {
     std::fs::OpenOptions::new()
@@ -387,6 +397,7 @@ const PING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// answers in turn; creating a container takes ~100 ms).
 const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Talks to the monitor.
 #[derive(Clone, Debug)]
 pub struct Client {
     sock: PathBuf,
@@ -410,9 +421,9 @@ impl Client {
         }
     }
 
-    /// Sends `req` on a new connection and reads the first answer; the
-    /// connection is returned for a watch to go on reading.
-    /// One request and its answer, which must come within `ANSWER_WAIT`:
+    /// Sends `req` on a new connection and reads the first answer, which
+    /// must come within `ANSWER_WAIT` (`PING_WAIT` for a ping); the
+    /// connection is returned for a watch to go on reading. Bounded because
     /// a monitor killed while it created a container leaves its listening
     /// socket open in the container's init (forked, not yet exec'd), where
     /// a connection is taken and never answered.

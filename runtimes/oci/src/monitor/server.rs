@@ -210,6 +210,21 @@ fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
     })
 }
 
+/// Marks a container whose exit no monitor reaped as exited now: its code
+/// unknown (the kernel gave it to init), unless its cgroup counted an OOM
+/// kill, which reads as the kernel's SIGKILL.
+fn mark_lost(r: &mut ContainerRecord) {
+    r.status = "exited".into();
+    r.finished_at = Some(now_nanos());
+    if let Some(f) = &r.oom_file
+        && oom_kills(f) > r.oom_kills_before
+    {
+        r.oom_killed = true;
+        r.signal = Some(libc::SIGKILL);
+        r.exit_code = Some(128 + libc::SIGKILL);
+    }
+}
+
 /// A wait status as an exit code: 128 + signal when a signal ended it.
 fn exit_code_of(status: i32) -> i32 {
     if libc::WIFSIGNALED(status) {
@@ -337,30 +352,21 @@ impl Monitor {
             let Ok(mut r) = serde_json::from_slice::<ContainerRecord>(&data) else {
                 continue;
             };
-            if r.status != "exited" {
-                let who = Identity {
-                    pid: r.pid,
-                    boot_id: r.boot_id.clone(),
-                    start_ticks: r.start_ticks,
-                };
-                if !(who.is_alive(&self.boot_id) && self.take_over(&r)) {
-                    r.status = "exited".into();
-                    r.finished_at = Some(now_nanos());
-                    if let Some(f) = &r.oom_file {
-                        r.oom_killed = oom_kills(f) > r.oom_kills_before;
-                    }
-                    eprintln!(
-                        "{} container {} (pid {}) is gone: marked exited",
-                        jiff::Timestamp::now(),
-                        r.id,
-                        r.pid
-                    );
-                    self.records.insert(r.id.clone(), r.clone());
-                    self.persist(&r.id);
-                    continue;
-                }
+            let lost = r.status != "exited" && !self.take_over(&r);
+            if lost {
+                mark_lost(&mut r);
+                eprintln!(
+                    "{} container {} (pid {}) is gone: marked exited",
+                    jiff::Timestamp::now(),
+                    r.id,
+                    r.pid
+                );
             }
-            self.records.insert(r.id.clone(), r);
+            let id = r.id.clone();
+            self.records.insert(id.clone(), r);
+            if lost {
+                self.persist(&id);
+            }
         }
         self.sweep_unrecorded();
     }
@@ -405,12 +411,14 @@ impl Monitor {
         }
     }
 
-    /// Watches a live container of an earlier monitor: a pidfd for its exit
-    /// (re-checked against the start time once open, so a pid reused in
-    /// between is never taken), its log and its FIFOs.
+    /// Watches a container of an earlier monitor if its process is still
+    /// the one recorded: a pidfd for its exit (opened before the identity
+    /// check, so a pid reused in between is never taken), its log and its
+    /// FIFOs. `false`: the process is gone.
     fn take_over(&mut self, r: &ContainerRecord) -> bool {
         let pidfd = adopt::pidfd(r.pid);
-        if r.start_ticks != 0 && procid::start_ticks(r.pid) != Some(r.start_ticks) {
+        let who = r.identity();
+        if !who.is_alive(&self.boot_id) {
             return false;
         }
         if let Ok(log) = LogFile::open(&r.log_path, r.log_max_size, r.log_max_files.max(1)) {
@@ -446,7 +454,7 @@ impl Monitor {
         );
         self.adopted.push(Adopted {
             id: r.id.clone(),
-            pid: r.pid,
+            who,
             pidfd,
         });
         true
@@ -465,7 +473,7 @@ impl Monitor {
                     i += 1;
                     r
                 }
-                None => !Identity::of(a.pid).is_alive(&boot),
+                None => !a.who.is_alive(&boot),
             };
             if exited {
                 gone.push(a.id.clone());
@@ -477,15 +485,7 @@ impl Monitor {
             let Some(r) = self.records.get_mut(&id) else {
                 continue;
             };
-            r.status = "exited".into();
-            r.finished_at = Some(now_nanos());
-            if let Some(f) = &r.oom_file
-                && oom_kills(f) > r.oom_kills_before
-            {
-                r.oom_killed = true;
-                r.signal = Some(libc::SIGKILL);
-                r.exit_code = Some(128 + libc::SIGKILL);
-            }
+            mark_lost(r);
             self.persist(&id);
             self.stdins.remove(&id);
             self.announce(&id, "exited");
@@ -497,23 +497,9 @@ impl Monitor {
     fn drain_streams_of(&mut self, id: &str) {
         let ready: Vec<bool> = self.streams.iter().map(|s| s.id == id).collect();
         self.read_streams(&ready);
-        let mut ended: Vec<Stream> = Vec::new();
-        let mut i = 0;
-        while i < self.streams.len() {
-            if self.streams[i].id == id {
-                ended.push(self.streams.remove(i));
-            } else {
-                i += 1;
-            }
+        while let Some(i) = self.streams.iter().position(|s| s.id == id) {
+            self.end_stream(i);
         }
-        for mut s in ended {
-            if let Some(log) = self.logs.get_mut(&s.id) {
-                let name = s.name;
-                s.split.finish(|p, l| log.record(name, p, l));
-            }
-        }
-        self.taps.retain(|t| t.id != id);
-        self.logs.remove(id);
     }
 
     fn serve(&mut self, listener: UnixListener) -> Result<(), String> {
@@ -612,16 +598,21 @@ impl Monitor {
             }
         }
         for i in closed.into_iter().rev() {
-            let mut s = self.streams.remove(i);
-            // The stream ended: its readers see the end too.
-            self.taps.retain(|t| !(t.id == s.id && t.name == s.name));
-            if let Some(log) = self.logs.get_mut(&s.id) {
-                let name = s.name;
-                s.split.finish(|p, l| log.record(name, p, l));
-            }
-            if !self.streams.iter().any(|x| x.id == s.id) {
-                self.logs.remove(&s.id);
-            }
+            self.end_stream(i);
+        }
+    }
+
+    /// Ends stream `i`: its partial line is logged, its readers see the
+    /// end too, and the log closes with the container's last stream.
+    fn end_stream(&mut self, i: usize) {
+        let mut s = self.streams.remove(i);
+        self.taps.retain(|t| !(t.id == s.id && t.name == s.name));
+        if let Some(log) = self.logs.get_mut(&s.id) {
+            let name = s.name;
+            s.split.finish(|p, l| log.record(name, p, l));
+        }
+        if !self.streams.iter().any(|x| x.id == s.id) {
+            self.logs.remove(&s.id);
         }
     }
 
@@ -1041,16 +1032,11 @@ impl Monitor {
             // that pid may name another process, or the cgroup it kills
             // through is gone. A container we know has exited is only
             // state on disk, removed here instead.
-            let exited = self.records.get(id).is_none_or(|r| r.status == "exited");
-            if !exited {
-                return failed(e.to_string());
-            }
+            let bundle = match self.records.get(id) {
+                Some(r) if r.status != "exited" => return failed(e.to_string()),
+                r => r.map(|r| r.bundle.clone()).unwrap_or_default(),
+            };
             eprintln!("{} {e}: removing its state", jiff::Timestamp::now());
-            let bundle = self
-                .records
-                .get(id)
-                .map(|r| r.bundle.clone())
-                .unwrap_or_default();
             if let Err(e) = container::forget(&self.state_root, id, &bundle) {
                 return failed(e.to_string());
             }
