@@ -290,6 +290,11 @@ impl Kubelet {
                     logs: s.pod_log_dir.clone(),
                 },
                 image_gc: self.image_gc.clone(),
+                pids_root: match signals::Hierarchy::detect(mount) {
+                    signals::Hierarchy::V1 => mount.join("pids"),
+                    signals::Hierarchy::V2 => mount.to_path_buf(),
+                },
+                pods_cgroup: pods_cgroup.clone(),
             },
             view,
             runtime: started.runtime.clone(),
@@ -471,6 +476,16 @@ impl Kubelet {
         });
         let listener = crate::server::bind(addr)?;
         info!(%addr, "serving the kubelet API");
+        if cfg.read_only_port > 0 {
+            let ro = SocketAddr::new(ip, cfg.read_only_port as u16);
+            let l = crate::server::bind(ro)?;
+            warn!(addr = %ro, "serving the read-only port: pods and stats without authentication");
+            self.spawn(crate::server::serve_read_only(
+                l,
+                state.clone(),
+                self.shutdown.clone(),
+            ));
+        }
         self.spawn(crate::server::serve(
             listener,
             tls,

@@ -6,6 +6,8 @@
 //! - `serverTLSBootstrap`: the kubelet API refuses TLS until its serving
 //!   CSR is approved, then serves a certificate of the cluster's CA for
 //!   its IP (verified by curl against the CA), kept across a restart;
+//! - a CSR-issued serving certificate near its end is renewed through a
+//!   new CSR and served once approved, TLS never interrupted;
 //! - `tlsCertFile`: rewritten files are served without a restart.
 
 mod common;
@@ -29,6 +31,12 @@ fn now() -> u64 {
 /// A node client certificate from the test CA, valid from `start` (Unix
 /// seconds) for `lifetime` seconds: (certificate PEM, key PEM).
 fn node_cert(name: &str, start: u64, lifetime: u64) -> (String, String) {
+    ca_signed(name, start, lifetime, false)
+}
+
+/// As [`node_cert`]; `serving`: a serving certificate for 127.0.0.1
+/// (what a `kubernetes.io/kubelet-serving` CSR gets) instead.
+fn ca_signed(name: &str, start: u64, lifetime: u64, serving: bool) -> (String, String) {
     let pki = cluster_dir().join("pki");
     let ca_key =
         rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca.key")).unwrap()).unwrap();
@@ -48,7 +56,14 @@ fn node_cert(name: &str, start: u64, lifetime: u64) -> (String, String) {
     let epoch = rcgen::date_time_ymd(1970, 1, 1);
     p.not_before = epoch + Duration::from_secs(start);
     p.not_after = epoch + Duration::from_secs(start + lifetime);
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    p.extended_key_usages = vec![if serving {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    }];
+    if serving {
+        p.subject_alt_names = vec![rcgen::SanType::IpAddress([127, 0, 0, 1].into())];
+    }
     p.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
     let cert = p.signed_by(&key, &issuer).unwrap();
     (cert.pem(), key.serialize_pem())
@@ -324,6 +339,85 @@ async fn a_serving_certificate_is_requested_and_served_once_approved() {
     )
     .await;
     assert_eq!(csrs_of(&admin, &name, signer).await.len(), 1);
+}
+
+/// The end of validity (Unix s) of the certificate the kubelet API
+/// serves, checked against the cluster CA.
+fn served_not_after(port: u16) -> Option<u64> {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect 127.0.0.1:{port} -verify_return_error -CAfile {} </dev/null 2>/dev/null | openssl x509 -noout -enddate -dateopt iso_8601",
+            cluster_dir().join("pki/ca.crt").display()
+        ))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let when = text.trim().strip_prefix("notAfter=")?;
+    let ts: jiff::Timestamp = when.replace(' ', "T").parse().ok()?;
+    Some(ts.as_second() as u64)
+}
+
+/// `serverTLSBootstrap` with a CSR-issued serving certificate near the
+/// end of a 10-minute life (planted where the kubelet keeps it): it is
+/// served until a new one is requested, approved and signed, then the new
+/// one is served without a restart, and TLS never stops in between.
+#[tokio::test]
+async fn a_csr_issued_serving_certificate_is_renewed_and_served_without_a_gap() {
+    let admin = admin().await;
+    let name = unique_name("kl-srot");
+    let start = now() - 480;
+    let old_end = start + 600;
+    let mut k = Kinglet::unstarted(&name, &format!("{FAST_CONFIG}serverTLSBootstrap: true\n"));
+    let pki = k.dir.path().join("root/pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let (crt, key) = ca_signed(&name, start, 600, true);
+    let dated = pki.join("kubelet-server-2000-01-01-00-00-00.pem");
+    std::fs::write(&dated, format!("{crt}{key}")).unwrap();
+    std::os::unix::fs::symlink(&dated, pki.join("kubelet-server-current.pem")).unwrap();
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    assert_eq!(
+        served_not_after(k.api_port),
+        Some(old_end),
+        "the planted one first"
+    );
+    // Past 80 % of its life: the renewal is requested at once.
+    let signer = "kubernetes.io/kubelet-serving";
+    let csr = wait_for("the renewal CSR", Duration::from_secs(60), || async {
+        csrs_of(&admin, &name, signer).await.into_iter().next()
+    })
+    .await;
+    // Still served while the request waits for approval.
+    assert!(
+        curl_verified(k.api_port, "/healthz").0,
+        "TLS stopped before approval"
+    );
+    let (ok, out) = kubectl(&[
+        "certificate",
+        "approve",
+        csr.metadata.name.as_deref().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    let end = wait_for(
+        "the renewed certificate served",
+        Duration::from_secs(30),
+        || async {
+            let end = served_not_after(k.api_port)?;
+            (end > old_end + 3600).then_some(end)
+        },
+    )
+    .await;
+    let (subject, issuer, stored_end) = x509(&pki.join("kubelet-server-current.pem"));
+    assert!(
+        subject.contains(&format!("system:node:{name}")),
+        "{subject}"
+    );
+    assert!(issuer.contains("kinglet-test-ca"), "{issuer}");
+    assert_eq!(stored_end, end, "the stored pair is the one served");
+    assert!(k.log().contains("certificate rotated"));
+    assert!(k.alive(), "kinglet restarted");
 }
 
 /// A self-signed pair with subject `CN=<cn>` written whole to `dir/<cn>.*`.

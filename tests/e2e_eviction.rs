@@ -3,11 +3,13 @@
 //! cgroup root whose `kubepods` is capped at 600 MiB by node allocatable
 //! (systemReserved = the machine's memory − 600 MiB), so the test never
 //! starves the machine; `allocatableMemory.available < 150Mi` is the hard
-//! threshold. A BestEffort pod ramping its memory at about 100 MiB/s,
-//! beside an idle Burstable and an idle Guaranteed pod:
+//! threshold. A BestEffort pod ramping its memory at about 100 MiB/s and
+//! another at about 20 MiB/s (up to 100 MiB), beside an idle Burstable
+//! and an idle Guaranteed pod:
 //! - the hog is evicted as upstream's are (phase Failed, reason
 //!   `Evicted`, upstream's message, `DisruptionTarget` condition, an
-//!   `Evicted` event), with no kernel OOM kill in the pods' cgroup;
+//!   `Evicted` event, `kubelet_evictions` counted), with no kernel OOM
+//!   kill in the pods' cgroup (its counters and `dmesg`);
 //! - the others keep running;
 //! - `MemoryPressure` is set, a BestEffort pod created meanwhile is
 //!   refused (`Evicted`, "The node had condition: [MemoryPressure]. "),
@@ -23,6 +25,11 @@
 //! is collected first, then the writer is evicted (`ephemeral-storage`),
 //! its emptyDir freed, `DiskPressure` set and cleared; a pod over its
 //! emptyDir `sizeLimit` is evicted at once with upstream's message.
+//!
+//! PIDs: `podPidsLimit: 300` is the pod cgroup's `pids.max` with either
+//! runtime; a fork bomb stops there, `pid.available` set 150 tasks above
+//! the node's count is met, the bomb is evicted (`PIDPressure` set), an
+//! idle pod beside it keeps running.
 
 mod common;
 
@@ -35,8 +42,14 @@ use kube::api::{Api, ListParams, PostParams};
 crate::both_runtimes!(
     memory_pressure_evicts_the_hog_and_spares_the_rest,
     a_critical_static_pod_is_spared_though_it_uses_most,
-    disk_pressure_collects_images_then_evicts_the_writer
+    disk_pressure_collects_images_then_evicts_the_writer,
+    a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted
 );
+
+/// `pid.available` is the whole machine's: the fork-bomb test runs alone
+/// (write), the others beside each other (read), so their processes do not
+/// move its threshold.
+static PIDS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 const BB: &str = "kinglet.test/busybox:1";
 const MI: u64 = 1 << 20;
@@ -98,6 +111,33 @@ fn oom_kills(root: &str) -> u64 {
     }
     let v2 = format!("/sys/fs/cgroup/{root}/kubepods/memory.events");
     std::fs::read_to_string(v2).map_or(0, |t| count(&t))
+}
+
+/// OOM kills the kernel logged for a memory cgroup under `root`
+/// (`oom-kill:…,oom_memcg=/<root>/…` lines of `dmesg`).
+fn dmesg_oom_kills(root: &str) -> usize {
+    let out = std::process::Command::new("dmesg").output().unwrap();
+    assert!(out.status.success(), "dmesg: {out:?}");
+    let needle = format!("oom_memcg=/{root}/");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("oom-kill:") && l.contains(&needle))
+        .count()
+}
+
+/// The node's `/metrics`, with the cluster admin's client certificate.
+fn node_metrics(k: &Kinglet) -> String {
+    let pki = cluster_dir().join("pki");
+    let out = std::process::Command::new("curl")
+        .args(["-sfk", "--cert"])
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://127.0.0.1:{}/metrics", k.api_port))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn create(pods: &Api<Pod>, node: &str, name: &str, container: serde_json::Value) {
@@ -162,6 +202,7 @@ fn ramp(per_tenth: u32, mib: Option<u32>) -> String {
 }
 
 async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
+    let _shared = PIDS.read().await;
     let admin = admin().await;
     let (mut k, root) = small_node(rt, "kl-evict", "").await;
     let name = k.name.clone();
@@ -179,11 +220,13 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let idle = serde_json::json!(["sleep", "3600"]);
-    let (burstable, guaranteed, hog) = (
+    let (burstable, guaranteed, hog, slow) = (
         format!("{name}-b"),
         format!("{name}-g"),
         format!("{name}-hog"),
+        format!("{name}-slow"),
     );
+    let oom_lines = dmesg_oom_kills(&root);
     create(
         &pods,
         &name,
@@ -206,6 +249,16 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         })
         .await;
     }
+    // About 20 MiB/s up to 100 MiB, kept: the slower ramp, never the
+    // one to go (less memory, same class).
+    create(
+        &pods,
+        &name,
+        &slow,
+        serde_json::json!({"name": "slow", "image": BB,
+        "command": ["sh", "-c", ramp(2, Some(100))]}),
+    )
+    .await;
     // About 100 MiB/s of anonymous memory, kept.
     create(
         &pods,
@@ -246,6 +299,17 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         .unwrap_or_else(|| panic!("no DisruptionTarget: {hog_status:?}"));
     assert_eq!(disruption.reason.as_deref(), Some("TerminationByKubelet"));
     assert_eq!(oom_kills(&root), 0, "the kernel OOM killer acted first");
+    assert_eq!(
+        dmesg_oom_kills(&root),
+        oom_lines,
+        "the kernel logged an OOM kill"
+    );
+    let metrics = node_metrics(&k);
+    assert!(
+        metrics
+            .contains("kubelet_evictions_total{eviction_signal=\"allocatableMemory.available\"} 1"),
+        "{metrics}"
+    );
     let events: Api<Event> = Api::namespaced(admin.clone(), "default");
     wait_for("the Evicted event", Duration::from_secs(30), || async {
         let lp = ListParams::default().fields(&format!("involvedObject.name={hog}"));
@@ -287,7 +351,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         },
     )
     .await;
-    for p in [&burstable, &guaranteed] {
+    for p in [&burstable, &guaranteed, &slow] {
         assert_eq!(
             phase(&pods, p).await.as_deref(),
             Some("Running"),
@@ -331,7 +395,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         field("woken_by"),
         field("decided_in")
     );
-    delete_pods(&pods, &[burstable, guaranteed, hog, refused]).await;
+    delete_pods(&pods, &[burstable, guaranteed, hog, slow, refused]).await;
     k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;
     // The node and its runtime gone first, so nothing holds the cgroups.
@@ -340,6 +404,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
 }
 
 async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
+    let _shared = PIDS.read().await;
     let admin = admin().await;
     let manifests = tempfile::tempdir().unwrap();
     let extra = format!("staticPodPath: {}\n", manifests.path().display());
@@ -447,6 +512,7 @@ impl Drop for LoopFs {
 }
 
 async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
+    let _shared = PIDS.read().await;
     let admin = admin().await;
     let name = unique_name(&format!("kl-disk-{}", format!("{rt:?}").to_lowercase()));
     let config = format!(
@@ -573,6 +639,7 @@ fn nix_free(p: &std::path::Path) -> u64 {
 /// said once and ignored, never a pressure condition or an eviction storm.
 #[tokio::test]
 async fn a_threshold_above_the_capacity_is_ignored_with_a_clear_line() {
+    let _shared = PIDS.read().await;
     let admin = admin().await;
     let name = unique_name("kl-bigthr");
     let config = format!("{FAST_CONFIG}evictionHard: {{memory.available: 100Ti}}\n");
@@ -615,4 +682,117 @@ async fn a_threshold_above_the_capacity_is_ignored_with_a_clear_line() {
     assert!(!log.contains("evicting"), "{log}");
     delete_pods(&pods, &[p]).await;
     k.terminate(Duration::from_secs(5));
+}
+
+/// `pid_max` and the tasks running now (`/proc/loadavg`'s total), the
+/// two terms of `pid.available`.
+fn pid_terms() -> (u64, u64) {
+    let max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap();
+    let total = load
+        .split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(_, t)| t.parse().ok())
+        .unwrap();
+    (max, total)
+}
+
+async fn a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted(rt: Rt) {
+    let _alone = PIDS.write().await;
+    let admin = admin().await;
+    let name = unique_name(&format!("kl-pids-{}", format!("{rt:?}").to_lowercase()));
+    let root = format!("kinglet-{name}");
+    // Met once the node has 150 more tasks than now, plus what the agent
+    // and its runtime start with (≈60): the bomb adds up to 300.
+    let (max, now) = pid_terms();
+    let threshold = max - (now + 60 + 150);
+    let config = format!(
+        "{FAST_CONFIG}cgroupRoot: /{root}\npodPidsLimit: 300\nevictionHard: {{pid.available: \"{threshold}\"}}\nevictionPressureTransitionPeriod: 10s\n"
+    );
+    let mut k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(60)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let (idle, bomb) = (format!("{name}-idle"), format!("{name}-bomb"));
+    create(
+        &pods,
+        &name,
+        &idle,
+        serde_json::json!({"name": "c", "image": BB, "command": ["sleep", "3600"]}),
+    )
+    .await;
+    wait_for("the idle pod runs", Duration::from_secs(60), || async {
+        (phase(&pods, &idle).await.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    assert!(
+        pid_terms().1 < now + 60 + 150,
+        "the node passed the threshold before the bomb"
+    );
+    create(
+        &pods,
+        &name,
+        &bomb,
+        serde_json::json!({"name": "c", "image": BB,
+            "command": ["sh", "-c", "while :; do sleep 3600 & done"]}),
+    )
+    .await;
+    let uid = wait_for("the bomb runs", Duration::from_secs(60), || async {
+        let p = pods.get(&bomb).await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then(|| p.metadata.uid.unwrap())
+    })
+    .await;
+    // Bounded by the pod cgroup, whichever runtime made it.
+    let cg = format!("/sys/fs/cgroup/pids/{root}/kubepods/besteffort/pod{uid}");
+    let cg = if std::path::Path::new(&cg).exists() {
+        cg
+    } else {
+        format!("/sys/fs/cgroup/{root}/kubepods/besteffort/pod{uid}")
+    };
+    let read = |f: &str| std::fs::read_to_string(format!("{cg}/{f}")).unwrap_or_default();
+    assert_eq!(read("pids.max").trim(), "300", "podPidsLimit on {cg}");
+    let peak = wait_for("the bomb at its limit", Duration::from_secs(30), || async {
+        let n: u64 = read("pids.current").trim().parse().ok()?;
+        (n >= 290).then_some(n)
+    })
+    .await;
+    assert!(peak <= 300, "{peak} tasks in a pod limited to 300");
+    let s = failed(&pods, &bomb, "the bomb is evicted", 60).await;
+    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
+    let msg = s.message.clone().unwrap_or_default();
+    assert!(
+        msg.starts_with(&format!(
+            "The node was low on resource: pids. Threshold quantity: {threshold}, available: "
+        )),
+        "{msg}"
+    );
+    wait_for("PIDPressure", Duration::from_secs(20), || async {
+        let n = nodes.get(&name).await.ok()?;
+        (condition(&n, "PIDPressure").map(|c| c.0).as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    assert_eq!(
+        phase(&pods, &idle).await.as_deref(),
+        Some("Running"),
+        "the idle pod was touched"
+    );
+    let log = k.log();
+    assert_eq!(
+        log.lines().filter(|l| l.contains("evicting")).count(),
+        1,
+        "{log}"
+    );
+    eprintln!(
+        "figure: fork bomb {rt:?}: held at {peak} tasks by podPidsLimit 300, evicted on pid.available"
+    );
+    delete_pods(&pods, &[idle, bomb]).await;
+    k.terminate(Duration::from_secs(5));
+    let _ = nodes.delete(&name, &Default::default()).await;
+    drop(k);
+    remove_cgroups(&root);
 }

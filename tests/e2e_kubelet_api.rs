@@ -6,8 +6,12 @@
 //! attach`, `kubectl port-forward`, `kubectl top` through the cluster's
 //! metrics-server, `/stats/summary`, `/metrics*`, `/statusz`, `/flagz`,
 //! `/run`, `/pods`, `/healthz` and `/configz` with a client certificate of
-//! the cluster's CA, and the negatives: no credentials → 401, a bad token
-//! → 401, a ServiceAccount token without RBAC → 403, TLS 1.1 refused.
+//! the cluster's CA, `kubectl get --raw /api/v1/nodes/N/proxy/…` through
+//! the apiserver (the node on a non-loopback address of its own), the
+//! read-only port, and the negatives: no credentials → 401, a bad token →
+//! 401, a ServiceAccount token and a client certificate without RBAC →
+//! 403 for every path class, TLS 1.1 refused (by the server: openssl
+//! offers it, the server's alert refuses it).
 
 mod common;
 
@@ -26,7 +30,9 @@ crate::both_runtimes!(
     kubectl_port_forward,
     kubectl_attach,
     kubectl_logs_follow_across_rotation,
-    stats_summary_and_resource_metrics_measure_the_pods
+    kubectl_logs_follow_throughput,
+    stats_summary_and_resource_metrics_measure_the_pods,
+    proxied_by_the_apiserver_and_the_read_only_port
 );
 
 const BB: &str = "kinglet.test/busybox:1";
@@ -221,6 +227,8 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
         "000",
         "TLS 1.1 refused"
     );
+    tls_versions_offered_by_openssl(&port);
+    x509_user_without_rbac_is_forbidden(&node, &url);
     // A ServiceAccount with no role at all: known, but not allowed.
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
     let sa_name = format!("{node}-nobody");
@@ -288,6 +296,111 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
     let _ = roles.delete(&stats_sa, &DeleteParams::default()).await;
     let _ = sas.delete(&stats_sa, &DeleteParams::default()).await;
     let _ = sas.delete(&sa_name, &DeleteParams::default()).await;
+}
+
+/// `openssl s_client` offering exactly one version at the lowest
+/// security level (so the client itself would allow TLS 1.1): 1.1 is
+/// refused by the server's `protocol version` alert, 1.2 is accepted.
+fn tls_versions_offered_by_openssl(port: &str) {
+    let offer = |v: &str| {
+        let out = Command::new("openssl")
+            .args(["s_client", "-connect", &format!("127.0.0.1:{port}"), v])
+            .args(["-cipher", "DEFAULT:@SECLEVEL=0"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), all)
+    };
+    let (ok, out) = offer("-tls1_1");
+    assert!(!ok, "TLS 1.1 accepted: {out}");
+    assert!(
+        out.contains("protocol version"),
+        "TLS 1.1 not refused by the server's alert: {out}"
+    );
+    let (ok, out) = offer("-tls1_2");
+    assert!(ok && out.contains("Protocol  : TLSv1.2"), "TLS 1.2: {out}");
+}
+
+/// A client certificate of the cluster's CA for a user no RBAC rule
+/// names: authenticated (not 401), refused (403) on every path class of
+/// upstream's mapping (`nodes/pods`, `nodes/healthz`, `nodes/configz`,
+/// `nodes/stats`, `nodes/metrics`, `nodes/log`, `nodes/proxy`).
+fn x509_user_without_rbac_is_forbidden(node: &str, url: &dyn Fn(&str) -> String) {
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("u.crt"), dir.path().join("u.key"));
+    let csr = dir.path().join("u.csr");
+    let pki = cluster_dir().join("pki");
+    output_ok(
+        Command::new("openssl")
+            .args([
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+            ])
+            .args(["-subj", &format!("/O=kinglet-test/CN={node}-x509-nobody")])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&csr),
+    );
+    output_ok(
+        Command::new("openssl")
+            .args(["x509", "-req", "-days", "1", "-in"])
+            .arg(&csr)
+            .arg("-CA")
+            .arg(pki.join("ca.crt"))
+            .arg("-CAkey")
+            .arg(pki.join("ca.key"))
+            .args(["-CAcreateserial", "-CAserial"])
+            .arg(dir.path().join("ca.srl"))
+            .arg("-out")
+            .arg(&crt),
+    );
+    for (method, path) in [
+        ("GET", "/pods"),
+        ("GET", "/healthz"),
+        ("GET", "/configz"),
+        ("GET", "/stats/summary"),
+        ("GET", "/metrics"),
+        ("GET", "/metrics/resource"),
+        ("GET", "/containerLogs/default/x/c"),
+        ("POST", "/exec/default/x/c?command=true&stdout=1"),
+        ("POST", "/attach/default/x/c?stdout=1"),
+        ("POST", "/run/default/x/c?cmd=true"),
+        ("POST", "/portForward/default/x"),
+    ] {
+        let out = Command::new("curl")
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                method,
+                "--cert",
+            ])
+            .arg(&crt)
+            .arg("--key")
+            .arg(&key)
+            .arg(url(path))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "403",
+            "{method} {path}"
+        );
+    }
 }
 
 /// `kubectl exec` through the apiserver, which proxies the WebSocket
@@ -821,6 +934,203 @@ async fn kubectl_logs_follow_across_rotation(rt: Rt) {
         "figure: kubectl logs -f {rt:?}: {} lines across rotations",
         numbers.len()
     );
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// `kubectl logs -f` of a container that wrote 80,000 lines of 100 bytes
+/// (8 MB; the log limit raised so nothing rotates): every line arrives
+/// whole, and the time to read them all is the figure.
+async fn kubectl_logs_follow_throughput(rt: Rt) {
+    let admin = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name("kl-tput"),
+        &format!("{FAST_CONFIG}containerLogMaxSize: 64Mi\n"),
+        true,
+        &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
+        &[pods::busybox_archive()],
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{}-flood", k.name);
+    const LINES: usize = 80_000;
+    let line = "0123456789".repeat(10);
+    let line = &line[..99];
+    let script = format!("yes {line} | head -n {LINES}; echo END; sleep 3600");
+    let spec = serde_json::json!({"terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": BB, "command": ["sh", "-c", script]}]});
+    pods::create_running(&pods, &k.name, &name, spec).await;
+    wait_for("all lines written", Duration::from_secs(120), || async {
+        let (ok, out, _) = kubectl(&["logs", "--tail=1", &name]);
+        (ok && out == "END\n").then_some(())
+    })
+    .await;
+    let kc = cluster_dir().join("admin.kubeconfig");
+    let start = std::time::Instant::now();
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kc)
+        .args(["logs", "-f", &name])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (mut n, mut bytes) = (0usize, 0usize);
+    use std::io::BufRead;
+    for l in std::io::BufReader::new(out).lines() {
+        let l = l.unwrap();
+        bytes += l.len() + 1;
+        if l == "END" {
+            break;
+        }
+        assert_eq!(l, line, "line {n} damaged");
+        n += 1;
+    }
+    let took = start.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(n, LINES, "lines lost");
+    eprintln!(
+        "figure: kubectl logs -f {rt:?}: {:.1} MB in {:.2} s, {:.1} MB/s",
+        bytes as f64 / 1e6,
+        took.as_secs_f64(),
+        bytes as f64 / 1e6 / took.as_secs_f64()
+    );
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+}
+
+/// A local address on a veth pair of its own, so the node has an address
+/// the apiserver agrees to proxy to (it refuses loopback ones); the pair
+/// (and the address with it) goes when dropped.
+struct NodeAddress {
+    link: String,
+    ip: String,
+}
+
+impl NodeAddress {
+    fn new(rt: Rt) -> NodeAddress {
+        let (link, ip) = match rt {
+            Rt::Oci => ("klpx-oci", "10.254.250.1"),
+            Rt::Cri => ("klpx-cri", "10.254.250.2"),
+        };
+        let ip_cmd = |args: &[&str]| output_ok(Command::new("ip").args(args));
+        let _ = Command::new("ip").args(["link", "del", link]).output();
+        let peer = format!("{link}p");
+        ip_cmd(&["link", "add", link, "type", "veth", "peer", "name", &peer]);
+        ip_cmd(&["addr", "add", &format!("{ip}/32"), "dev", link]);
+        ip_cmd(&["link", "set", link, "up"]);
+        ip_cmd(&["link", "set", &peer, "up"]);
+        NodeAddress {
+            link: link.into(),
+            ip: ip.into(),
+        }
+    }
+}
+
+impl Drop for NodeAddress {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .output();
+    }
+}
+
+/// `kubectl get --raw /api/v1/nodes/N/proxy/…`: the apiserver proxies to
+/// the node's InternalIP and kubelet port with its kubelet client
+/// certificate (the `nodes/proxy` path). And the read-only port, on
+/// plain HTTP without credentials: the default pages answer, the
+/// debugging ones are refused as upstream refuses them there.
+async fn proxied_by_the_apiserver_and_the_read_only_port(rt: Rt) {
+    let admin = admin().await;
+    let addr = NodeAddress::new(rt);
+    let ro = free_port();
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name("kl-proxy"),
+        &format!("{FAST_CONFIG}readOnlyPort: {ro}\n"),
+        true,
+        &["--node-ip", &addr.ip],
+        &[pods::busybox_archive()],
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let n = wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let internal = n.status.unwrap().addresses.unwrap_or_default();
+    assert!(
+        internal
+            .iter()
+            .any(|a| a.type_ == "InternalIP" && a.address == addr.ip),
+        "{internal:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{}-p", k.name);
+    let spec = serde_json::json!({"terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]});
+    pods::create_running(&pods, &k.name, &name, spec).await;
+    let raw = |path: &str| {
+        let (ok, out, err) = kubectl(&[
+            "get",
+            "--raw",
+            &format!("/api/v1/nodes/{}/proxy{path}", k.name),
+        ]);
+        assert!(ok, "{path}: {err}");
+        out
+    };
+    let configz: serde_json::Value = serde_json::from_str(&raw("/configz")).unwrap();
+    assert_eq!(configz["kubeletconfig"]["kind"], "KubeletConfiguration");
+    assert_eq!(configz["kubeletconfig"]["port"], k.api_port, "{configz}");
+    let summary: serde_json::Value = serde_json::from_str(&raw("/stats/summary")).unwrap();
+    assert_eq!(summary["node"]["nodeName"], k.name.as_str());
+    assert!(
+        summary["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["podRef"]["name"] == name.as_str()),
+        "{summary}"
+    );
+    let metrics = raw("/metrics");
+    assert!(
+        metrics.contains(&format!("kubelet_node_name{{node=\"{}\"}} 1", k.name)),
+        "{metrics}"
+    );
+    let list: serde_json::Value = serde_json::from_str(&raw("/pods")).unwrap();
+    assert_eq!(list["kind"], "PodList");
+
+    // The read-only port.
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{ro}{path}"))
+            .output()
+            .unwrap();
+        let all = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = all.rsplit_once('\n').unwrap();
+        (code.to_string(), body.to_string())
+    };
+    assert_eq!(get("/healthz"), ("200".into(), "ok".into()));
+    let (code, body) = get("/pods");
+    assert_eq!(code, "200");
+    assert!(body.contains(&name), "{body}");
+    let (code, body) = get("/stats/summary");
+    assert_eq!(code, "200", "{body}");
+    for path in [
+        "/exec/default/x/c",
+        "/run/default/x/c",
+        "/containerLogs/default/x/c",
+    ] {
+        assert_eq!(
+            get(path),
+            ("405".into(), "Debug endpoints are disabled.\n".into()),
+            "{path}"
+        );
+    }
+    assert_eq!(get("/configz").0, "404");
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

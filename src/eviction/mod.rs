@@ -71,6 +71,11 @@ pub struct Settings {
     /// The periodic sync (upstream's 10 s).
     pub housekeeping: Duration,
     pub storage: storage::Roots,
+    /// The pids controller's hierarchy (v1 `<mount>/pids`, v2 the mount)
+    /// and the pods' cgroup under it: `pid.available` ranks pods by their
+    /// cgroup's `pids.current`, as upstream ranks by process count.
+    pub pids_root: PathBuf,
+    pub pods_cgroup: String,
     /// Node-level reclaim for disk signals.
     pub image_gc: Option<Arc<tokio::sync::Mutex<crate::pods::image_gc::ImageGc>>>,
 }
@@ -272,11 +277,16 @@ impl Manager {
         let c = candidates.swap_remove(0);
         let o = obs.get(t.signal.as_str()).copied();
         let capacity = o.map_or(0, |o| o.capacity);
-        let threshold = match t.value {
-            crate::config::ThresholdValue::Quantity(q) => rank::quantity(q),
-            crate::config::ThresholdValue::Percent(_) => rank::quantity(t.value.resolve(capacity)),
+        // Bytes as binary quantities; a process count as the number it is.
+        let fmt = |v: u64| match resource {
+            "pids" => v.to_string(),
+            _ => rank::quantity(v),
         };
-        let available = rank::quantity(o.map_or(0, |o| o.available));
+        let threshold = match t.value {
+            crate::config::ThresholdValue::Quantity(q) => fmt(q),
+            crate::config::ThresholdValue::Percent(_) => fmt(t.value.resolve(capacity)),
+        };
+        let available = fmt(o.map_or(0, |o| o.available));
         let message = rank::message(resource, &threshold, &available, &c);
         let grace = if t.is_hard() && resource == "memory" {
             // At once (upstream waits 1 s): the alternative is the kernel's
@@ -388,12 +398,38 @@ impl Manager {
                 .await
                 .unwrap_or_default()
             }
+            "pids" => {
+                let (root, pods_cgroup) = (
+                    self.settings.pids_root.clone(),
+                    self.settings.pods_cgroup.clone(),
+                );
+                tokio::task::spawn_blocking(move || {
+                    pods.into_iter()
+                        .map(|(uid, e)| {
+                            let parent = crate::pods::convert::cgroup_parent(&e.pod, &pods_cgroup);
+                            let usage = pids_current(&root.join(parent));
+                            plain_candidate(uid, &e, usage)
+                        })
+                        .collect()
+                })
+                .await
+                .unwrap_or_default()
+            }
             _ => pods
                 .into_iter()
                 .map(|(uid, e)| plain_candidate(uid, &e, 0))
                 .collect(),
         }
     }
+}
+
+/// A cgroup's task count (`pids.current`); 0 when it cannot be read (the
+/// pod's cgroup gone meanwhile: it ranks last, nothing fails).
+fn pids_current(dir: &std::path::Path) -> u64 {
+    std::fs::read_to_string(dir.join("pids.current"))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// A pod chosen for eviction and how.

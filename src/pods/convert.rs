@@ -388,6 +388,7 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
             .flat_map(|sc| sc.sysctls.iter().flatten())
             .map(|s| (s.name.clone(), s.value.clone()))
             .collect(),
+        pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
     }
 }
 

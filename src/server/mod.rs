@@ -5,7 +5,9 @@
 //! `/pods`, `/configz`, `/containerLogs` ([`logs`]), `/exec`, `/attach`,
 //! `/run` ([`exec`], over [`ws`]), `/portForward` ([`portforward`]),
 //! `/stats/summary` and `/metrics/resource` ([`stats`]), `/metrics`,
-//! `/metrics/probes`, `/statusz` and `/flagz` ([`zpages`]).
+//! `/metrics/probes`, `/statusz` and `/flagz` ([`zpages`]). The
+//! read-only port, when `readOnlyPort` is set, serves the unauthenticated
+//! subset upstream serves there, over plain HTTP ([`serve_read_only`]).
 //!
 //! The serving certificate comes from [`crate::certificate::serving`]
 //! (files reloaded on change, `serverTLSBootstrap`, or self-signed).
@@ -189,6 +191,58 @@ pub async fn serve(
                 _ = conn => {}
             }
         });
+    }
+}
+
+/// Serves the read-only port (`readOnlyPort`) until `shutdown`: plain
+/// HTTP, no authentication, as upstream's `ListenAndServeKubeletReadOnlyServer`:
+/// the default handlers only (`/healthz`, `/pods`, `/stats/summary`,
+/// `/metrics*`); the debugging ones answer 405 "Debug endpoints are
+/// disabled." and `/configz` is not there.
+pub async fn serve_read_only(
+    listener: TcpListener,
+    state: Arc<State>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => { debug!(error = %e, "read-only port accept failed"); continue; }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let (state, stop) = (state.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(read_only(&state, req.uri()).await) }
+            });
+            let conn =
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc);
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = conn => if let Err(e) = r { debug!(%peer, error = %e, "read-only port connection"); },
+            }
+        });
+    }
+}
+
+/// The read-only port's routes.
+async fn read_only(state: &State, uri: &hyper::Uri) -> Response<Body> {
+    let path = uri.path();
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match first {
+        "run" | "exec" | "attach" | "portForward" | "containerLogs" | "runningpods" | "logs"
+        | "debug" => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Debug endpoints are disabled.\n",
+        ),
+        "healthz" | "pods" | "stats" | "metrics" => {
+            route(state, path, uri.query().unwrap_or("")).await
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
     }
 }
 

@@ -380,11 +380,14 @@ impl Kinglet {
         if !self.extra_args.iter().any(|a| a == "--cni-conf-dir") {
             cmd.args(["--cni-conf-dir", ""]);
         }
+        if !self.extra_args.iter().any(|a| a == "--node-ip") {
+            cmd.args(["--node-ip", "127.0.0.1"]);
+        }
         let child = cmd
             .arg("--config")
             .arg(&self.config)
             .args(&self.extra_args)
-            .args(["--hostname-override", &self.name, "--node-ip", "127.0.0.1"])
+            .args(["--hostname-override", &self.name])
             .arg("--root-dir")
             .arg(self.dir.path().join("root"))
             .stdout(log.try_clone().unwrap())

@@ -15,6 +15,7 @@ pub mod exec;
 pub mod fake;
 pub mod image;
 pub mod logs;
+pub mod podcgroup;
 
 /// A future returned by a runtime call.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -118,6 +119,8 @@ pub struct SandboxConfig {
     pub port_mappings: Vec<PortMapping>,
     /// The pod's `securityContext.sysctls`.
     pub sysctls: Vec<(String, String)>,
+    /// `podPidsLimit`: the pod cgroup's `pids.max` ([`podcgroup`]).
+    pub pids_limit: Option<i64>,
 }
 
 /// One `hostPort` of a container: traffic to `host_ip:host_port` goes to

@@ -566,6 +566,17 @@ impl Runtime for CriRuntime {
             if !cfg.log_directory.is_empty() {
                 let _ = tokio::fs::create_dir_all(&cfg.log_directory).await;
             }
+            // The pod cgroup's pids.max before runc makes the cgroup under
+            // it (CRI has no field for it; upstream's kubelet does this).
+            if let Some(limit) = cfg.pids_limit {
+                let (root, parent) = (self.cgroup_root.clone(), cfg.cgroup_parent.clone());
+                tokio::task::spawn_blocking(move || {
+                    kinglet_runtime::podcgroup::set_pids_limit(&root, &parent, limit)
+                })
+                .await
+                .map_err(|e| RuntimeError::Other(e.to_string()))?
+                .map_err(|e| RuntimeError::Other(format!("pod pids limit: {e}")))?;
+            }
             let resp = self
                 .rt()
                 .run_pod_sandbox(request(

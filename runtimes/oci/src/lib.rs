@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
+use kinglet_runtime::podcgroup;
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
     ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
@@ -828,6 +829,17 @@ impl Runtime for OciRuntime {
             meta.uts = ns.uts.as_ref().map(|(p, _)| p.clone());
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("sandbox meta", e))?;
+            // The pod cgroup's pids.max (podPidsLimit), for all its
+            // containers together, as upstream's pod container manager;
+            // after the meta, so a crash's teardown removes the cgroup.
+            if let Some(limit) = cfg.pids_limit {
+                let root = &self.cgroup_root;
+                if let Err(e) = podcgroup::set_pids_limit(root, &cfg.cgroup_parent, limit) {
+                    self.remove_pod_cgroup(&cfg.cgroup_parent);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(rt_err("pod pids limit", e));
+                }
+            }
             let pod = network::PodRef {
                 namespace: cfg.namespace.clone(),
                 name: cfg.pod_name.clone(),
