@@ -26,6 +26,11 @@
 //! its emptyDir freed, `DiskPressure` set and cleared; a pod over its
 //! emptyDir `sizeLimit` is evicted at once with upstream's message.
 //!
+//! Ephemeral storage: a container writing 24 MiB into its own root
+//! filesystem (its writable layer) with a 10Mi `ephemeral-storage` limit is
+//! evicted with upstream's message, no disk pressure needed; a container
+//! within its limit beside it keeps running.
+//!
 //! PIDs: `podPidsLimit: 300` is the pod cgroup's `pids.max` with either
 //! runtime; a fork bomb stops there, `pid.available` set 150 tasks above
 //! the node's count is met, the bomb is evicted (`PIDPressure` set), an
@@ -43,7 +48,8 @@ crate::both_runtimes!(
     memory_pressure_evicts_the_hog_and_spares_the_rest,
     a_critical_static_pod_is_spared_though_it_uses_most,
     disk_pressure_collects_images_then_evicts_the_writer,
-    a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted
+    a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted,
+    a_container_over_its_ephemeral_storage_limit_is_evicted
 );
 
 /// `pid.available` is the whole machine's: the fork-bomb test runs alone
@@ -795,4 +801,68 @@ async fn a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted(rt: Rt) {
     let _ = nodes.delete(&name, &Default::default()).await;
     drop(k);
     remove_cgroups(&root);
+}
+
+async fn a_container_over_its_ephemeral_storage_limit_is_evicted(rt: Rt) {
+    let _shared = PIDS.read().await;
+    let admin = admin().await;
+    let name = unique_name(&format!("kl-eph-{}", format!("{rt:?}").to_lowercase()));
+    let mut k = Kinglet::start_rt(
+        rt,
+        &name,
+        FAST_CONFIG,
+        true,
+        &[],
+        &[pods::busybox_archive()],
+    );
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(60)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let (within, over) = (format!("{name}-within"), format!("{name}-over"));
+    let limited = |script: &str| {
+        serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script],
+            "resources": {"limits": {"ephemeral-storage": "10Mi"}}})
+    };
+    create(
+        &pods,
+        &name,
+        &within,
+        limited("dd if=/dev/zero of=/small bs=1M count=2; sleep 3600"),
+    )
+    .await;
+    create(
+        &pods,
+        &name,
+        &over,
+        limited("dd if=/dev/zero of=/big bs=1M count=24; sleep 3600"),
+    )
+    .await;
+    let started = Instant::now();
+    // containerd measures writable layers every 10 s; the sync is 10 s.
+    let s = failed(&pods, &over, "the writer is evicted", 90).await;
+    assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
+    assert_eq!(
+        s.message.as_deref(),
+        Some("Container c exceeded its local ephemeral storage limit \"10Mi\". ")
+    );
+    eprintln!(
+        "figure: ephemeral-storage limit {rt:?}: evicted {:?} after creation",
+        started.elapsed()
+    );
+    assert_eq!(phase(&pods, &within).await.as_deref(), Some("Running"));
+    let n = nodes.get(&name).await.unwrap();
+    assert_eq!(
+        condition(&n, "DiskPressure").map(|c| c.0).as_deref(),
+        Some("False"),
+        "a limit, not node pressure"
+    );
+    let log = k.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("evicting") && l.contains("ephemeralcontainerfs.limit")),
+        "{log}"
+    );
+    delete_pods(&pods, &[within, over]).await;
+    k.terminate(Duration::from_secs(5));
+    let _ = nodes.delete(&name, &Default::default()).await;
 }

@@ -16,9 +16,9 @@
 //! Disk signals reclaim first: every unused image (upstream's image GC;
 //! dead containers are kept, they hold the last run's logs); if that did
 //! not bring the signal back above its threshold, pods are ranked by
-//! their local storage ([`storage`]: emptyDirs on disk and logs). A pod
-//! whose emptyDir exceeds its `sizeLimit` is evicted at once, whatever
-//! the node's state.
+//! their local storage ([`storage`]: emptyDirs on disk, logs, writable
+//! layers). A pod over an emptyDir's `sizeLimit` or an `ephemeral-storage`
+//! limit is evicted at once, whatever the node's state.
 
 pub mod notify;
 pub mod rank;
@@ -211,9 +211,22 @@ impl Manager {
             }
             round.pending = None;
         }
-        let victim = match self.local_storage_victim().await {
+        // Memory first when it is short: its margin is seconds, and the
+        // local-storage check walks the disk.
+        let memory = met
+            .iter()
+            .any(|&i| thresholds::resource_of(&self.settings.thresholds[i].signal) == "memory");
+        let first = match memory {
+            true => self.threshold_victim(&met, &obs).await,
+            false => None,
+        };
+        let victim = match first {
             Some(v) => Some(v),
-            None => self.threshold_victim(&met, &obs).await,
+            None => match self.local_storage_victim().await {
+                Some(v) => Some(v),
+                None if !memory => self.threshold_victim(&met, &obs).await,
+                None => None,
+            },
         };
         let Some(v) = victim else {
             return (obs, false);
@@ -230,25 +243,56 @@ impl Manager {
             .unwrap_or_default()
     }
 
-    /// The first pod with an emptyDir over its `sizeLimit`
-    /// (`localStorageEviction`: at once, whatever the node's state).
+    /// The first pod over a local-storage limit (an emptyDir's
+    /// `sizeLimit`, `ephemeral-storage` limits: upstream's
+    /// `localStorageEviction`, at once, whatever the node's state).
     async fn local_storage_victim(&self) -> Option<Victim> {
         let roots = self.settings.storage.clone();
         let pods = self.active_pods();
+        // Writable layers are walked only when some pod has a limit.
+        let writable = match pods.iter().any(|(_, e)| storage::has_limit(&e.pod)) {
+            true => self.writable_layers().await,
+            false => BTreeMap::new(),
+        };
         let found = tokio::task::spawn_blocking(move || {
-            pods.into_iter()
-                .find_map(|(uid, e)| storage::over_limit(&e.pod, &uid, &roots).map(|m| (uid, e, m)))
+            pods.into_iter().find_map(|(uid, e)| {
+                let w = writable.get(&uid).cloned().unwrap_or_default();
+                storage::limit_breach(&e.pod, &uid, &roots, &w).map(|b| (uid, e, b))
+            })
         })
         .await
         .ok()??;
-        let (uid, e, message) = found;
+        let (uid, e, (signal, message)) = found;
         Some(Victim {
             uid,
             pod: e.pod,
             message,
             grace: Duration::ZERO,
-            signal: "emptydirfs.limit".into(),
+            signal: signal.into(),
         })
+    }
+
+    /// The running containers' writable layers, by pod UID and container
+    /// name (the runtime's stats name containers by ID; the statuses map
+    /// IDs to names).
+    async fn writable_layers(&self) -> BTreeMap<String, storage::Writable> {
+        let stats = self.runtime.container_stats().await.unwrap_or_default();
+        let by_id: BTreeMap<String, u64> = stats
+            .into_iter()
+            .map(|u| (u.id, u.writable_layer_bytes))
+            .collect();
+        let mut out = BTreeMap::new();
+        for (uid, e) in self.active_pods() {
+            let mut w = storage::Writable::new();
+            for c in e.status.container_statuses.iter().flatten() {
+                let id = c.container_id.as_deref().and_then(|i| i.split_once("://"));
+                if let Some(bytes) = id.and_then(|(_, id)| by_id.get(id)) {
+                    w.insert(c.name.clone(), *bytes);
+                }
+            }
+            out.insert(uid, w);
+        }
+        out
     }
 
     /// The pod to evict for the thresholds met, if one is needed: memory
@@ -387,10 +431,12 @@ impl Manager {
             }
             "ephemeral-storage" | "inodes" => {
                 let roots = self.settings.storage.clone();
+                let writable = self.writable_layers().await;
                 tokio::task::spawn_blocking(move || {
                     pods.into_iter()
                         .map(|(uid, e)| {
-                            let usage = storage::usage(&e.pod, &uid, &roots);
+                            let w = writable.get(&uid).cloned().unwrap_or_default();
+                            let usage = storage::usage(&e.pod, &uid, &roots, &w);
                             plain_candidate(uid, &e, usage)
                         })
                         .collect()

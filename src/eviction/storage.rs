@@ -1,13 +1,15 @@
 //! Local storage of a pod, as upstream's eviction measures it for disk
 //! pressure and for `localStorageEviction`: the bytes its emptyDirs on
-//! disk and its container logs take (`du`'s blocks, one filesystem, no
-//! symlinks followed, off the async thread). Containers' writable layers
-//! are not counted yet.
+//! disk, its container logs and its containers' writable layers (as the
+//! runtime reports them, CRI's `writable_layer`) take (`du`'s blocks, one
+//! filesystem, no symlinks followed, off the async thread).
 //!
-//! A pod whose emptyDir exceeds its `sizeLimit` is evicted whatever the
-//! node's state, with upstream's message.
+//! Evicted whatever the node's state, with upstream's messages and in
+//! upstream's order ([`limit_breach`]): a pod whose emptyDir exceeds its
+//! `sizeLimit`, whose total exceeds the sum of its containers'
+//! `ephemeral-storage` limits, or with a container over its own limit
+//! (writable layer and logs).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,39 +23,7 @@ pub struct Roots {
     pub logs: PathBuf,
 }
 
-/// Disk blocks under `dir`, in bytes, on `dir`'s filesystem only; at most
-/// `limit` entries are visited (a pod cannot make the walk endless).
-pub fn du(dir: &Path) -> u64 {
-    const LIMIT: usize = 100_000;
-    let Ok(top) = std::fs::symlink_metadata(dir) else {
-        return 0;
-    };
-    let dev = top.dev();
-    let (mut total, mut seen) = (top.blocks() * 512, 0usize);
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            seen += 1;
-            if seen > LIMIT {
-                return total;
-            }
-            let Ok(m) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if m.dev() != dev {
-                continue;
-            }
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
-        }
-    }
-    total
-}
+pub use kinglet_runtime::disk::du;
 
 /// One emptyDir on disk: its name, directory, and `sizeLimit` as
 /// written and in bytes.
@@ -90,11 +60,91 @@ pub fn over_limit(pod: &Pod, uid: &str, r: &Roots) -> Option<String> {
         })
 }
 
-/// The pod's local storage in use: its emptyDirs on disk and its logs.
-pub fn usage(pod: &Pod, uid: &str, r: &Roots) -> u64 {
+/// Writable-layer bytes of a pod's containers, by container name.
+pub type Writable = std::collections::BTreeMap<String, u64>;
+
+/// Which local-storage limit a pod broke, first in upstream's order
+/// (emptyDir `sizeLimit`, the pod's total, one container's): the
+/// eviction signal upstream names it by and upstream's message.
+pub fn limit_breach(
+    pod: &Pod,
+    uid: &str,
+    r: &Roots,
+    writable: &Writable,
+) -> Option<(&'static str, String)> {
+    if let Some(m) = over_limit(pod, uid, r) {
+        return Some(("emptydirfs.limit", m));
+    }
+    let containers: Vec<(String, Option<(String, u64)>, u64)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| {
+            let limit = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("ephemeral-storage"))
+                .and_then(|q| {
+                    let b = crate::config::parse_quantity(&q.0).ok()?;
+                    Some((q.0.clone(), b))
+                });
+            let used =
+                writable.get(&c.name).copied().unwrap_or(0) + du(&container_logs(pod, r, &c.name));
+            (c.name.clone(), limit, used)
+        })
+        .collect();
+    let limits: Vec<&(String, u64)> = containers.iter().filter_map(|c| c.1.as_ref()).collect();
+    if !limits.is_empty() {
+        let total: u64 = limits.iter().map(|l| l.1).sum();
+        let dirs: u64 = empty_dirs(pod, uid, r).iter().map(|(_, d, _)| du(d)).sum();
+        let used = dirs + containers.iter().map(|c| c.2).sum::<u64>();
+        if used > total {
+            let text = match limits.as_slice() {
+                [(one, _)] => one.clone(),
+                _ => super::rank::quantity(total),
+            };
+            return Some((
+                "ephemeralpodfs.limit",
+                format!(
+                    "Pod ephemeral local storage usage exceeds the total limit of containers {text}. "
+                ),
+            ));
+        }
+    }
+    containers.into_iter().find_map(|(name, limit, used)| {
+        let (text, bytes) = limit?;
+        (used > bytes).then(|| {
+            (
+                "ephemeralcontainerfs.limit",
+                format!("Container {name} exceeded its local ephemeral storage limit {text:?}. "),
+            )
+        })
+    })
+}
+
+/// Whether any container of the pod has an `ephemeral-storage` limit.
+pub fn has_limit(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| s.containers.iter()).any(|c| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .is_some_and(|l| l.contains_key("ephemeral-storage"))
+    })
+}
+
+/// A container's log dir: `<pod log dir>/<container>`.
+fn container_logs(pod: &Pod, r: &Roots, container: &str) -> PathBuf {
+    let logs = crate::pods::convert::log_directory(pod, &r.logs.display().to_string());
+    Path::new(&logs).join(container)
+}
+
+/// The pod's local storage in use: its emptyDirs on disk, its logs and
+/// its containers' writable layers.
+pub fn usage(pod: &Pod, uid: &str, r: &Roots, writable: &Writable) -> u64 {
     let dirs: u64 = empty_dirs(pod, uid, r).iter().map(|(_, d, _)| du(d)).sum();
     let logs = crate::pods::convert::log_directory(pod, &r.logs.display().to_string());
-    dirs + du(Path::new(&logs))
+    dirs + du(Path::new(&logs)) + writable.values().sum::<u64>()
 }
 
 #[cfg(test)]
@@ -124,7 +174,57 @@ mod tests {
             over_limit(&pod, "u1", &r).as_deref(),
             Some("Usage of EmptyDir volume \"data\" exceeds the limit \"1Mi\". ")
         );
-        assert!(usage(&pod, "u1", &r) >= 2 << 20);
+        assert!(usage(&pod, "u1", &r, &Writable::new()) >= 2 << 20);
+        assert_eq!(
+            limit_breach(&pod, "u1", &r, &Writable::new()).map(|b| b.0),
+            Some("emptydirfs.limit")
+        );
         assert_eq!(du(&d.path().join("missing")), 0);
+    }
+
+    #[test]
+    fn ephemeral_storage_limits_of_the_pod_then_of_a_container() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Roots {
+            volumes: d.path().join("volumes"),
+            logs: d.path().join("logs"),
+        };
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"ephemeral-storage": "1Mi"}}},
+                {"name": "b", "resources": {"limits": {"ephemeral-storage": "4Mi"}}},
+                {"name": "free"}],
+                "volumes": [{"name": "data", "emptyDir": {}}]}
+        }))
+        .unwrap();
+        let mut w = Writable::new();
+        w.insert("a".into(), 512 << 10);
+        assert_eq!(limit_breach(&pod, "u1", &r, &w), None);
+        // A over its own 1Mi (its writable layer and its logs), the pod
+        // within its 5Mi.
+        let logs = container_logs(&pod, &r, "a");
+        std::fs::create_dir_all(&logs).unwrap();
+        std::fs::write(logs.join("0.log"), vec![b'x'; 1 << 20]).unwrap();
+        assert_eq!(
+            limit_breach(&pod, "u1", &r, &w),
+            Some((
+                "ephemeralcontainerfs.limit",
+                "Container a exceeded its local ephemeral storage limit \"1Mi\". ".to_string()
+            ))
+        );
+        // An emptyDir and a container without a limit count for the pod.
+        let data = r.volumes.join("u1/data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(data.join("f"), vec![1u8; 3 << 20]).unwrap();
+        w.insert("free".into(), 1 << 20);
+        assert_eq!(
+            limit_breach(&pod, "u1", &r, &w),
+            Some((
+                "ephemeralpodfs.limit",
+                "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. "
+                    .to_string()
+            ))
+        );
     }
 }

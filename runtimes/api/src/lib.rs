@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+pub mod disk;
 pub mod exec;
 pub mod fake;
 pub mod image;
@@ -332,6 +333,9 @@ pub struct Usage {
     /// Cumulative CPU time.
     pub cpu_usage_core_nanos: u64,
     pub memory_working_set_bytes: u64,
+    /// A container's writable layer on disk (CRI `writable_layer`); 0
+    /// for sandboxes and where the runtime cannot tell.
+    pub writable_layer_bytes: u64,
 }
 
 /// Credentials for one pull.

@@ -1266,6 +1266,10 @@ impl Runtime for CriRuntime {
                             .memory
                             .and_then(|m| m.working_set_bytes)
                             .map_or(0, |v| v.value),
+                        writable_layer_bytes: s
+                            .writable_layer
+                            .and_then(|w| w.used_bytes)
+                            .map_or(0, |v| v.value),
                     }
                 })
                 .collect())
@@ -1299,6 +1303,7 @@ impl Runtime for CriRuntime {
                             .memory
                             .and_then(|m| m.working_set_bytes)
                             .map_or(0, |v| v.value),
+                        ..Usage::default()
                     }
                 })
                 .collect())

@@ -728,6 +728,7 @@ fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
         pod_uid,
         cpu_usage_core_nanos: cpu,
         memory_working_set_bytes: usage.saturating_sub(inactive),
+        writable_layer_bytes: 0,
     }
 }
 
@@ -1278,7 +1279,7 @@ impl Runtime for OciRuntime {
     fn container_stats(&self) -> BoxFuture<'_, Result<Vec<Usage>, RuntimeError>> {
         Box::pin(async move {
             let list = self.list_containers().await?;
-            Ok(list
+            let running: Vec<_> = list
                 .into_iter()
                 .filter(|c| c.state == ContainerState::Running)
                 .filter_map(|c| {
@@ -1286,9 +1287,22 @@ impl Runtime for OciRuntime {
                         &self.sandbox_dir(&c.sandbox_id).join("meta.json"),
                     )?;
                     let path = format!("{}/{}", meta.cgroup_parent.trim_end_matches('/'), c.id);
-                    Some(cgroup_usage(&self.cgroup_root, &path, c.id, c.pod_uid))
+                    Some((path, self.container_dir(&c.id).join("upper"), c))
                 })
-                .collect())
+                .collect();
+            let root = self.cgroup_root.clone();
+            // cgroup files and a walk of each writable layer: off the
+            // async thread.
+            blocking(move || {
+                Ok(running
+                    .into_iter()
+                    .map(|(path, upper, c)| Usage {
+                        writable_layer_bytes: kinglet_runtime::disk::du(&upper),
+                        ..cgroup_usage(&root, &path, c.id, c.pod_uid)
+                    })
+                    .collect())
+            })
+            .await
         })
     }
 
