@@ -24,6 +24,9 @@ done
 if ! command -v cargo-zigbuild >/dev/null || ! python3 -m ziglang version >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild
 fi
+# The benchmark's plots (tests/bench/report.py, pressure_report.py).
+python3 -c 'import matplotlib' 2>/dev/null ||
+  python3 -m pip install --quiet --disable-pip-version-check matplotlib
 tests/cluster/build.sh >/dev/null
 # The upstream kubelet, for the side-by-side benchmark (tests/bench/run.sh).
 tests/bench/build-kubelet.sh >/dev/null

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Turns the per-node results of tests/bench/run.sh into a table on stdout,
 results.json (one entry per node and metric, with the run's conditions),
-results.md, and two SVG plots (memory vs pods, startup-latency CDF).
-Ratios are computed within the run; nothing is asserted.
+results.md, and two SVG plots by matplotlib (memory vs pods,
+startup-latency CDF). The memory-pressure row comes from OUT_DIR/pressure.json
+when this run measured it (BENCH_PRESSURE=1: the full run does). Ratios are
+computed within the run; nothing is asserted.
 
     report.py OUT_DIR QUICK SECONDS NODE.json...
 """
@@ -12,6 +14,11 @@ import platform
 import subprocess
 import sys
 import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 out, quick, seconds = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 nodes = []
@@ -92,15 +99,37 @@ add("pod startup p90", "ms", lambda n: n["startup_p90_ms"])
 add("pod startup p99", "ms", lambda n: n["startup_p99_ms"])
 add("pod deletion p50", "ms", lambda n: n["delete_p50_ms"])
 add("pod deletion p90", "ms", lambda n: n["delete_p90_ms"])
-add("memory-pressure reaction (20 MiB/s ramp → eviction)", "s", lambda n: None)
-PENDING = {"memory-pressure reaction (20 MiB/s ramp → eviction)": "pending: kinglet does not evict yet"}
+pressure = {}
+if os.environ.get("BENCH_PRESSURE") == "1":
+    try:
+        pressure = json.load(open(os.path.join(out, "pressure.json")))
+    except (OSError, ValueError):
+        pass
+
+
+def reaction(n, rate, key):
+    rs = pressure.get(n["node"])
+    r = next((r for r in rs if r["rate_mib_s"] == rate), None)
+    return r[key]
+
+
+for rate in (20, 100, 500):
+    add(f"memory pressure {rate} MiB/s: crossing → eviction decided", "ms",
+        lambda n, rate=rate: reaction(n, rate, "cross_to_decision_ms"))
+    add(f"memory pressure {rate} MiB/s: crossing → memory freed", "ms",
+        lambda n, rate=rate: reaction(n, rate, "cross_to_freed_ms"))
+    add(f"memory pressure {rate} MiB/s: kernel OOM kills", "count",
+        lambda n, rate=rate: reaction(n, rate, "oom_kills"))
+NOT_MEASURED = ("not measured in this run: the full run (tests/bench/run.sh) and "
+                "tests/bench/run.sh --pressure measure it" if not pressure else
+                "no reaction measured (the pod was not evicted; see oom kills)")
 
 names = [n["node"] for n in nodes]
 
 
 def fmt(v):
     if v is None:
-        return "pending"
+        return "-"
     if isinstance(v, float):
         return f"{v:.1f}" if abs(v) < 100 else f"{v:.0f}"
     return str(v)
@@ -133,7 +162,8 @@ for metric, unit, vals in rows:
     for n in names:
         e = {"node": n, "metric": metric, "unit": unit, "value": vals.get(n)}
         if vals.get(n) is None:
-            e["status"] = PENDING.get(metric, "pending: not measured in this run")
+            e["status"] = (NOT_MEASURED if metric.startswith("memory pressure")
+                           else "not measured in this run")
         r = ratio(vals.get(n), vals.get(BASE))
         if n != BASE and r is not None:
             e["ratio_to_" + BASE.replace("-", "_")] = r
@@ -152,50 +182,35 @@ with open(os.path.join(out, "results.md"), "w") as f:
     for r in table:
         f.write("| " + " | ".join(str(c) for c in r) + " |\n")
     f.write("\n![memory vs pods](memory.svg) ![startup latency](startup.svg)\n")
+    if pressure:
+        f.write("\n![memory-pressure reaction](pressure.svg)\n")
 
 COLORS = {"kubelet-containerd": "#d62728", "kinglet-oci": "#2ca02c", "kinglet-cri": "#1f77b4"}
 
 
-def svg_plot(path, title, xlabel, ylabel, series):
-    """series: {name: [(x, y), ...]}; a line chart with axes and a legend."""
-    W, H, L, R, T, B = 640, 400, 70, 170, 40, 50
-    pts = [p for s in series.values() for p in s]
-    if not pts:
-        pts = [(0, 0), (1, 1)]
-    xmax = max(p[0] for p in pts) or 1
-    ymax = max(p[1] for p in pts) * 1.1 or 1
-    sx = lambda x: L + (W - L - R) * x / xmax
-    sy = lambda y: H - B - (H - T - B) * y / ymax
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-         f'<rect width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{W/2}" y="22" text-anchor="middle" font-size="14">{title}</text>',
-         f'<line x1="{L}" y1="{H-B}" x2="{W-R}" y2="{H-B}" stroke="black"/>',
-         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H-B}" stroke="black"/>',
-         f'<text x="{(L+W-R)/2}" y="{H-12}" text-anchor="middle">{xlabel}</text>',
-         f'<text x="16" y="{(T+H-B)/2}" text-anchor="middle" transform="rotate(-90 16 {(T+H-B)/2})">{ylabel}</text>']
-    for i in range(6):
-        x, y = xmax * i / 5, ymax * i / 5
-        o.append(f'<text x="{sx(x)}" y="{H-B+16}" text-anchor="middle">{x:.0f}</text>')
-        o.append(f'<text x="{L-6}" y="{sy(y)+4}" text-anchor="end">{y:.0f}</text>')
-        o.append(f'<line x1="{L}" y1="{sy(y)}" x2="{W-R}" y2="{sy(y)}" stroke="#eee"/>')
-    for k, (name, s) in enumerate(series.items()):
-        c = COLORS.get(name, "black")
-        if s:
-            o.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="'
-                     + " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s) + '"/>')
-            if len(s) < 20:
-                o += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
-        o.append(f'<rect x="{W-R+15}" y="{T+20*k}" width="12" height="12" fill="{c}"/>')
-        o.append(f'<text x="{W-R+32}" y="{T+20*k+11}">{name}</text>')
-    o.append("</svg>")
-    open(path, "w").write("\n".join(o) + "\n")
+def plot(path, title, xlabel, ylabel, series):
+    """series: {name: [(x, y), ...]}; a line chart with a legend (SVG)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, pts in series.items():
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o" if len(pts) < 20 else None, label=name,
+                    color=COLORS.get(name, "black"))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
-svg_plot(os.path.join(out, "memory.svg"), "Node memory (agent + runtime side, PSS) vs pods",
+plot(os.path.join(out, "memory.svg"), "Node memory (agent + runtime side, PSS) vs pods",
          "sleeping pods", "MiB",
          {n["node"]: [(m["pods"], (m["agent_pss_kib"] + m["runtime_pss_kib"]) / 1024.0) for m in n["memory"]]
           for n in nodes if "error" not in n})
-svg_plot(os.path.join(out, "startup.svg"), "Pod startup latency (created → Running), CDF",
+plot(os.path.join(out, "startup.svg"), "Pod startup latency (created → Running), CDF",
          "ms", "% of pods",
          {n["node"]: [(v, 100.0 * (i + 1) / len(n["startup_ms"])) for i, v in enumerate(sorted(n["startup_ms"]))]
           for n in nodes if "error" not in n and n.get("startup_ms")})

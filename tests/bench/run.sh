@@ -11,12 +11,13 @@
 # top level; pod startup latency p50/p90/p99 (created → Running via a
 # watch, image present); deletion latency; API requests per minute at steady
 # state (the apiserver's audit log, by node user).
-# --pressure instead measures the memory-pressure reaction (pressure.py):
-# each node's pods' cgroup capped at 600 MiB by node allocatable, the hard
-# threshold allocatableMemory.available<150Mi, pods ramping 20, 100 and
-# 500 MiB/s; into target/bench/pressure.{json,md}.
-# Output: a table on stdout, target/bench/results.{json,md}, and SVG plots
-# target/bench/memory.svg and target/bench/startup.svg.
+# Then (full run), or alone with --pressure, the memory-pressure reaction
+# (pressure.py): each node's pods' cgroup capped at 600 MiB by node
+# allocatable, the hard threshold allocatableMemory.available<150Mi, pods
+# ramping 20, 100 and 500 MiB/s; into target/bench/pressure.{json,md,svg}
+# (pressure_report.py) and, in the full run, the results' pressure rows.
+# Output: a table on stdout, target/bench/results.{json,md}, and plots
+# (matplotlib) target/bench/memory.svg and target/bench/startup.svg.
 #   tests/bench/run.sh [--quick | --probes | --pressure]
 # (--quick: fewer pods and samples; --probes: 30 pods each with a readiness
 # probe over HTTP and a liveness probe by exec, every 1-10 s, and the CPU
@@ -25,18 +26,18 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
-quick=0 out=target/bench pressure=0
+quick=0 out=target/bench pressure=0 main=1 measure_pressure=0
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
   pods=10 levels=10 idle=5
   export BENCH_DELETES=5
 elif [ "${1:-}" = --pressure ]; then
-  pods=0 levels=0 idle=0 pressure=1
+  pods=0 levels=0 idle=0 main=0 measure_pressure=1
 elif [ "${1:-}" = --probes ]; then
   pods=30 levels=30 idle=60 out=target/bench/probes
   export BENCH_PROBES=1 BENCH_DELETES=10
 else
-  pods=50 levels=10,30,110 idle=60
+  pods=50 levels=10,30,110 idle=60 measure_pressure=1
   export BENCH_DELETES=20
 fi
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
@@ -181,14 +182,16 @@ YAML
   agent_pid=$!
   if ! wait_ready "$node"; then
     tail -20 "$dir/agent.log" >&2
-    echo "{\"node\": \"$kind\", \"error\": \"not Ready\"}" > "$work/$kind.json"
+    local result=$work/$kind.json
+    [ "$pressure" = 1 ] && result=$work/$kind.pressure.json
+    echo "{\"node\": \"$kind\", \"error\": \"not Ready\"}" > "$result"
     stop_node
     return 0
   fi
   echo "== $kind" >&2
   if [ "$pressure" = 1 ]; then
     python3 tests/bench/pressure.py "$admin" "$node" "$dir/agent.log" \
-      "/sys/fs/cgroup/memory/$node/kubepods" "$work/$kind.json" 20 100 500 >&2 || true
+      "/sys/fs/cgroup/memory/$node/kubepods" "$work/$kind.pressure.json" 20 100 500 >&2 || true
     stop_node
     return 0
   fi
@@ -237,34 +240,19 @@ PY
   stop_node
 }
 
-for kind in kubelet-containerd kinglet-oci kinglet-cri; do
-  run_node "$kind"
-done
-if [ "$pressure" = 1 ]; then
-  python3 - "$out" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json <<'PY'
-import json, os, sys
-out = sys.argv[1]
-nodes = {}
-for path in sys.argv[2:]:
-    try:
-        nodes[os.path.basename(path)[:-5]] = json.load(open(path))
-    except (OSError, ValueError):
-        pass
-json.dump(nodes, open(os.path.join(out, "pressure.json"), "w"), indent=1)
-cell = lambda r: (f"{r['cross_to_decision_ms']} ms / {r['cross_to_freed_ms']} ms, "
-                  f"{r['oom_kills']} OOM kills, {r['reason'] or r['phase']}")
-rows = ["| ramp | " + " | ".join(nodes) + " |", "| --- |" + " --- |" * len(nodes)]
-rates = sorted({r["rate_mib_s"] for rs in nodes.values() if isinstance(rs, list) for r in rs})
-for rate in rates:
-    cells = []
-    for rs in nodes.values():
-        r = next((r for r in rs if r["rate_mib_s"] == rate), None) if isinstance(rs, list) else None
-        cells.append(cell(r) if r else "n/a")
-    rows.append(f"| {rate} MiB/s | " + " | ".join(cells) + " |")
-table = "\n".join(rows)
-print("memory pressure: threshold crossed → eviction decided / memory freed\n" + table)
-open(os.path.join(out, "pressure.md"), "w").write(table + "\n")
-PY
-  exit 0
+if [ "$main" = 1 ]; then
+  for kind in kubelet-containerd kinglet-oci kinglet-cri; do
+    run_node "$kind"
+  done
+fi
+if [ "$measure_pressure" = 1 ]; then
+  pressure=1
+  for kind in kubelet-containerd kinglet-oci kinglet-cri; do
+    run_node "$kind"
+  done
+  python3 tests/bench/pressure_report.py "$out" "$work"/kubelet-containerd.pressure.json \
+    "$work"/kinglet-oci.pressure.json "$work"/kinglet-cri.pressure.json
+  export BENCH_PRESSURE=1
+  [ "$main" = 1 ] || exit 0
 fi
 python3 tests/bench/report.py "$out" "$quick" "$(( $(date +%s) - start ))" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json
