@@ -21,9 +21,9 @@
 //! pod is evicted, the static one keeps running.
 //!
 //! Disk: the node's root dir on a 300 MiB loop-mounted ext4,
-//! `nodefs.available<120Mi`; a pod filling an emptyDir → the unused image
-//! is collected first, then the writer is evicted (`ephemeral-storage`),
-//! its emptyDir freed, `DiskPressure` set and cleared; a pod over its
+//! `nodefs.available<120Mi`; a pod filling an emptyDir → a finished pod's
+//! dead container and log, and the unused image, are reclaimed first, then
+//! the writer is evicted (`ephemeral-storage`), its emptyDir freed, `DiskPressure` set and cleared; a pod over its
 //! emptyDir `sizeLimit` is evicted at once with upstream's message.
 //!
 //! Ephemeral storage: a container writing 24 MiB into its own root
@@ -548,6 +548,19 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         "command": ["sleep", "3600"]}),
     )
     .await;
+    // A finished pod: its dead container and log go before any eviction.
+    let done = format!("{name}-done");
+    create(
+        &pods,
+        &name,
+        &done,
+        serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", "echo finished"]}),
+    )
+    .await;
+    wait_for("the finished pod", Duration::from_secs(60), || async {
+        (phase(&pods, &done).await.as_deref() == Some("Succeeded")).then_some(())
+    })
+    .await;
     let writer = format!("{name}-writer");
     let mut p: serde_json::Value = serde_json::json!({
         "metadata": {"name": writer},
@@ -574,6 +587,34 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
     assert!(
         matches!((reclaimed, evicted), (Some(r), Some(e)) if r < e),
         "image GC did not come first:\n{log}"
+    );
+    let dead = log
+        .lines()
+        .position(|l| l.contains("dead containers of finished pods removed containers=1"));
+    assert!(
+        matches!((dead, evicted), (Some(d), Some(e)) if d < e),
+        "the finished pod's container was not reclaimed first:\n{log}"
+    );
+    let (ok, out) = {
+        let o = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(cluster_dir().join("admin.kubeconfig"))
+            .args(["logs", &done])
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    assert!(
+        !ok || !out.contains("finished"),
+        "its log is still served: {out}"
+    );
+    assert_eq!(
+        phase(&pods, &done).await.as_deref(),
+        Some("Succeeded"),
+        "the finished pod's status changed"
     );
     let first = log
         .lines()
@@ -619,7 +660,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         s.message.as_deref(),
         Some("Usage of EmptyDir volume \"small\" exceeds the limit \"1Mi\". ")
     );
-    delete_pods(&pods, &[idle, writer, over]).await;
+    delete_pods(&pods, &[idle, writer, over, done]).await;
     let _ = nodes.delete(&name, &Default::default()).await;
     // The node (its monitor and runtime, which live on the loop
     // filesystem) goes before the filesystem, or it outlives the unmount.

@@ -13,9 +13,11 @@
 //! sync stays for the disk and PID signals and as the safety net, and a
 //! host without any event source is polled every second instead.
 //!
-//! Disk signals reclaim first: every unused image (upstream's image GC;
-//! dead containers are kept, they hold the last run's logs); if that did
-//! not bring the signal back above its threshold, pods are ranked by
+//! Disk signals reclaim first: the dead containers of finished pods and
+//! their logs (upstream's container GC; a running pod's last dead
+//! container is kept for `--previous`), then every unused image
+//! (upstream's image GC); if that did not bring the signal back above its
+//! threshold, pods are ranked by
 //! their local storage ([`storage`]: emptyDirs on disk, logs, writable
 //! layers). A pod over an emptyDir's `sizeLimit` or an `ephemeral-storage`
 //! limit is evicted at once, whatever the node's state.
@@ -304,11 +306,12 @@ impl Manager {
         let t = *met.first()?;
         let resource = thresholds::resource_of(&t.signal);
         let disk = resource == "ephemeral-storage" || resource == "inodes";
-        if disk && self.reclaim_images().await {
+        // Both reclaims, as upstream's node-level reclaim for nodefs.
+        if disk && (self.reclaim_dead_containers().await | self.reclaim_images().await) {
             let again = self.observe().await;
             let o = again.get(t.signal.as_str())?;
             if o.available >= t.value.resolve(o.capacity) {
-                info!(signal = %t.signal, "image garbage collection relieved the disk; no eviction");
+                info!(signal = %t.signal, "node-level reclaim relieved the disk; no eviction");
                 return None;
             }
         }
@@ -380,6 +383,53 @@ impl Manager {
                 false
             }
         }
+    }
+
+    /// Node-level reclaim for disk signals, before images (upstream's
+    /// `DeleteAllUnusedContainers`, terminated pods' containers
+    /// evictable): the exited containers of pods that finished
+    /// (`Succeeded`/`Failed`), with their log files. Pods the node does not
+    /// know are left to the pod manager's orphan cleanup. True if any went.
+    async fn reclaim_dead_containers(&self) -> bool {
+        use kinglet_runtime::ContainerState;
+        let Ok(list) = self.runtime.list_containers().await else {
+            return false;
+        };
+        let logs = self.settings.storage.logs.clone();
+        let mut removed = 0;
+        for c in list
+            .into_iter()
+            .filter(|c| c.state == ContainerState::Exited)
+        {
+            let finished = self.view.get(&c.pod_uid).is_some_and(|e| {
+                matches!(
+                    e.status.phase.as_deref(),
+                    Some("Succeeded") | Some("Failed")
+                )
+            });
+            if !finished || self.runtime.remove_container(&c.id).await.is_err() {
+                continue;
+            }
+            removed += 1;
+            // Only a file under the pod log dir (a runtime's answer is not
+            // trusted with a path outside it).
+            let log = PathBuf::from(&c.log_path);
+            let inside = log.is_absolute()
+                && log.starts_with(&logs)
+                && log
+                    .components()
+                    .all(|p| p != std::path::Component::ParentDir);
+            if inside {
+                let _ = tokio::fs::remove_file(&log).await;
+            }
+        }
+        if removed > 0 {
+            info!(
+                containers = removed,
+                "disk pressure: dead containers of finished pods removed"
+            );
+        }
+        removed > 0
     }
 
     /// Hands the victim's kill to its worker.
