@@ -166,6 +166,28 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         ]
     );
 
+    // No signal ignored in a container (the monitor, a Rust program,
+    // ignores SIGPIPE; that must not reach the workload).
+    let sig = format!("sig-{tag}");
+    // (`; true`: busybox sh execs a lone command with SIGQUIT ignored.)
+    run(
+        &c,
+        dir.path(),
+        &sig,
+        "grep SigIgn /proc/self/status; true",
+        None,
+    )
+    .await;
+    wait_exited(&c, &sig).await;
+    common::wait_for("the SigIgn line", Duration::from_secs(5), || async {
+        (log_lines(dir.path(), &sig).len() == 1).then_some(())
+    })
+    .await;
+    // (Signals 32 and 33 are the C library's own: no program sets them.)
+    let line = log_lines(dir.path(), &sig)[0].2.clone();
+    let mask = u64::from_str_radix(line.trim_start_matches("SigIgn:\t"), 16).unwrap();
+    assert_eq!(mask & !0x1_8000_0000, 0, "{line}");
+
     // SIGTERM ends a sleeper: exit 143, signal recorded.
     let sl = format!("sleep-{tag}");
     let rec = run(
@@ -211,9 +233,9 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
 
     // The records survive a restart of whoever asked (here: a new client).
     let all = Client::new(&mon).list().await.unwrap();
-    assert_eq!(all.len(), 3);
+    assert_eq!(all.len(), 4);
 
-    for id in [&id, &sl, &oom] {
+    for id in [&id, &sig, &sl, &oom] {
         c.call(&Request::Delete { id: id.clone() }).await.unwrap();
         assert!(!cgroup_exists(id), "cgroup of {id} leaked");
     }
@@ -222,10 +244,10 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         c.record(&Request::State { id: id.clone() }).await,
         Err(kinglet_runtime_oci::monitor::MonitorError::NotFound(_))
     ));
-    // The stream saw the rest: the sleeper's and the hog's lives, and the
-    // three deletions, in order.
+    // The stream saw the rest: the signal check's, the sleeper's and the
+    // hog's lives, and the four deletions, in order.
     let mut rest = Vec::new();
-    while rest.len() < 9 {
+    while rest.len() < 13 {
         let ev = tokio::time::timeout(Duration::from_secs(20), events.next())
             .await
             .expect("an event within 20 s")
@@ -238,7 +260,7 @@ async fn monitor_runs_logs_reaps_and_cleans_up() {
         .filter(|(_, s)| s == "deleted")
         .map(|(i, _)| i)
         .collect();
-    assert_eq!(deleted, [&id, &sl, &oom], "{rest:?}");
+    assert_eq!(deleted, [&id, &sig, &sl, &oom], "{rest:?}");
     assert!(c.list().await.unwrap().is_empty());
     for b in [
         "/sys/fs/cgroup",

@@ -10,6 +10,7 @@ use libcontainer::container::Container;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 
 /// A libcontainer failure, with the container it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +27,32 @@ fn err(id: &str, e: impl std::fmt::Display) -> ContainerError {
     }
 }
 
+/// libcontainer's default executor, after giving every signal its default
+/// action back. The monitor is a Rust program, which ignores SIGPIPE, and
+/// an ignored signal stays ignored across `execve` (so does one its own
+/// parent ignored): without this, every container process would ignore
+/// SIGPIPE and `yes | head` would spin forever. Containers start with
+/// default dispositions, as runc's do.
+#[derive(Clone)]
+struct DefaultSignals;
+
+impl Executor for DefaultSignals {
+    fn exec(&self, spec: &oci_spec::runtime::Spec) -> Result<(), ExecutorError> {
+        for sig in 1..=libc::SIGRTMAX() {
+            // SAFETY: the container's own process, single-threaded, just
+            // before it execs the workload; resetting a disposition is
+            // async-signal-safe. SIGKILL, SIGSTOP and the C library's
+            // reserved signals refuse, which changes nothing.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+        libcontainer::workload::default::get_executor().exec(spec)
+    }
+
+    fn validate(&self, spec: &oci_spec::runtime::Spec) -> Result<(), ExecutorValidationError> {
+        libcontainer::workload::default::get_executor().validate(spec)
+    }
+}
+
 /// Creates the container from `bundle` (config.json + rootfs); its init
 /// process waits for `start`. Returns the init pid.
 pub fn create(
@@ -38,6 +65,7 @@ pub fn create(
 ) -> Result<i32, ContainerError> {
     std::fs::create_dir_all(state_root).map_err(|e| err(id, e))?;
     let container = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_executor(DefaultSignals)
         .with_root_path(state_root)
         .map_err(|e| err(id, e))?
         .validate_id()
@@ -74,6 +102,7 @@ pub fn exec(
     let user = process.user();
     let gids = user.additional_gids().clone().unwrap_or_default();
     let pid = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_executor(DefaultSignals)
         .with_root_path(state_root)
         .map_err(|e| err(id, e))?
         .with_stdin(stdin)
@@ -128,6 +157,7 @@ pub fn exec_tty(
         std::fs::write(&process_json, body).map_err(|e| err(id, e))?;
         let listener = bind_short(&dir, &format!("exec-{nonce:x}.sock")).map_err(|e| err(id, e))?;
         let pid = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+            .with_executor(DefaultSignals)
             .with_root_path(state_root)
             .map_err(|e| err(id, e))?
             .with_console_socket(Some(&sock_path))
