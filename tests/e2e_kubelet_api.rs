@@ -355,9 +355,18 @@ fn x509_user_without_rbac_is_forbidden(node: &str, url: &dyn Fn(&str) -> String)
             .arg("-out")
             .arg(&csr),
     );
+    // An X.509 v3 client certificate (webpki takes no v1 ones).
+    let ext = dir.path().join("ext.cnf");
+    std::fs::write(
+        &ext,
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\nkeyUsage=digitalSignature\n",
+    )
+    .unwrap();
     output_ok(
         Command::new("openssl")
-            .args(["x509", "-req", "-days", "1", "-in"])
+            .args(["x509", "-req", "-days", "1", "-extfile"])
+            .arg(&ext)
+            .arg("-in")
             .arg(&csr)
             .arg("-CA")
             .arg(pki.join("ca.crt"))
