@@ -28,8 +28,9 @@
 //!
 //! Ephemeral storage: a container writing 24 MiB into its own root
 //! filesystem (its writable layer) with a 10Mi `ephemeral-storage` limit is
-//! evicted with upstream's message, no disk pressure needed; a container
-//! within its limit beside it keeps running.
+//! evicted with upstream's container message (its pod's total limit
+//! 110Mi) or its pod's (a pod of one container), no disk pressure needed;
+//! a container within its limit keeps running, BestEffort.
 //!
 //! PIDs: `podPidsLimit: 300` is the pod cgroup's `pids.max` with either
 //! runtime; a fork bomb stops there, `pid.available` set 150 tasks above
@@ -786,7 +787,9 @@ async fn a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted(rt: Rt) {
         &name,
         &bomb,
         serde_json::json!({"name": "c", "image": BB,
-            "command": ["sh", "-c", "while :; do sleep 3600 & done"]}),
+            // The forking shell dies at the limit ("can't fork"); its
+            // sleepers stay, held by the container's first shell.
+            "command": ["sh", "-c", "sh -c 'while :; do sleep 3600 & done'; exec sleep 3600"]}),
     )
     .await;
     let uid = wait_for("the bomb runs", Duration::from_secs(60), || async {
@@ -859,25 +862,28 @@ async fn a_container_over_its_ephemeral_storage_limit_is_evicted(rt: Rt) {
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(60)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let (within, over) = (format!("{name}-within"), format!("{name}-over"));
-    let limited = |script: &str| {
-        serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script],
-            "resources": {"limits": {"ephemeral-storage": "10Mi"}}})
+    let (within, over, total) = (
+        format!("{name}-within"),
+        format!("{name}-over"),
+        format!("{name}-total"),
+    );
+    let limited = |c: &str, limit: &str, script: &str| {
+        serde_json::json!({"name": c, "image": BB, "command": ["sh", "-c", script],
+            "resources": {"limits": {"ephemeral-storage": limit}}})
     };
-    create(
-        &pods,
-        &name,
-        &within,
-        limited("dd if=/dev/zero of=/small bs=1M count=2; sleep 3600"),
-    )
-    .await;
-    create(
-        &pods,
-        &name,
-        &over,
-        limited("dd if=/dev/zero of=/big bs=1M count=24; sleep 3600"),
-    )
-    .await;
+    let write = |mib: u32| format!("dd if=/dev/zero of=/fill bs=1M count={mib}; sleep 3600");
+    create(&pods, &name, &within, limited("c", "10Mi", &write(2))).await;
+    // Over its own 10Mi, within the pod's 110Mi: the container's message.
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": over},
+        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1, "restartPolicy": "Never",
+                 "containers": [limited("c", "10Mi", &write(24)),
+                                limited("roomy", "100Mi", "sleep 3600")]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    // One container, over: the pod's total is met first, as upstream.
+    create(&pods, &name, &total, limited("c", "10Mi", &write(24))).await;
     let started = Instant::now();
     // containerd measures writable layers every 10 s; the sync is 10 s.
     let s = failed(&pods, &over, "the writer is evicted", 90).await;
@@ -890,7 +896,18 @@ async fn a_container_over_its_ephemeral_storage_limit_is_evicted(rt: Rt) {
         "figure: ephemeral-storage limit {rt:?}: evicted {:?} after creation",
         started.elapsed()
     );
+    let s = failed(&pods, &total, "the single writer is evicted", 60).await;
+    assert_eq!(
+        s.message.as_deref(),
+        Some("Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. ")
+    );
     assert_eq!(phase(&pods, &within).await.as_deref(), Some("Running"));
+    let p = pods.get(&within).await.unwrap();
+    assert_eq!(
+        p.status.and_then(|s| s.qos_class).as_deref(),
+        Some("BestEffort"),
+        "an ephemeral-storage limit makes no QoS class"
+    );
     let n = nodes.get(&name).await.unwrap();
     assert_eq!(
         condition(&n, "DiskPressure").map(|c| c.0).as_deref(),
@@ -903,7 +920,7 @@ async fn a_container_over_its_ephemeral_storage_limit_is_evicted(rt: Rt) {
             .any(|l| l.contains("evicting") && l.contains("ephemeralcontainerfs.limit")),
         "{log}"
     );
-    delete_pods(&pods, &[within, over]).await;
+    delete_pods(&pods, &[within, over, total]).await;
     k.terminate(Duration::from_secs(5));
     let _ = nodes.delete(&name, &Default::default()).await;
 }

@@ -395,32 +395,31 @@ impl Manager {
         let Ok(list) = self.runtime.list_containers().await else {
             return false;
         };
-        let logs = self.settings.storage.logs.clone();
+        let logs = self.settings.storage.logs.display().to_string();
         let mut removed = 0;
         for c in list
             .into_iter()
             .filter(|c| c.state == ContainerState::Exited)
         {
-            let finished = self.view.get(&c.pod_uid).is_some_and(|e| {
-                matches!(
-                    e.status.phase.as_deref(),
-                    Some("Succeeded") | Some("Failed")
-                )
-            });
+            let Some(e) = self.view.get(&c.pod_uid) else {
+                continue;
+            };
+            let finished = matches!(
+                e.status.phase.as_deref(),
+                Some("Succeeded") | Some("Failed")
+            );
             if !finished || self.runtime.remove_container(&c.id).await.is_err() {
                 continue;
             }
             removed += 1;
-            // Only a file under the pod log dir (a runtime's answer is not
-            // trusted with a path outside it).
-            let log = PathBuf::from(&c.log_path);
-            let inside = log.is_absolute()
-                && log.starts_with(&logs)
-                && log
-                    .components()
-                    .all(|p| p != std::path::Component::ParentDir);
-            if inside {
-                let _ = tokio::fs::remove_file(&log).await;
+            // Its log files, where kinglet names them (`<pod log
+            // dir>/<container>/<attempt>.log` and rotated ones), not where
+            // the runtime says (CRI's list has no path).
+            let dir = crate::pods::convert::log_directory(&e.pod, &logs);
+            let dir = crate::pods::convert::contained_path(std::path::Path::new(&dir), &[&c.name]);
+            if let Some(dir) = dir {
+                let prefix = format!("{}.log", c.attempt);
+                let _ = tokio::task::spawn_blocking(move || remove_logs(&dir, &prefix)).await;
             }
         }
         if removed > 0 {
@@ -515,6 +514,17 @@ impl Manager {
                 .into_iter()
                 .map(|(uid, e)| plain_candidate(uid, &e, 0))
                 .collect(),
+        }
+    }
+}
+
+/// Removes the files in `dir` named `prefix` or `prefix.*` (a log and
+/// its rotations).
+fn remove_logs(dir: &std::path::Path, prefix: &str) {
+    for f in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name == prefix || name.starts_with(&format!("{prefix}.")) {
+            let _ = std::fs::remove_file(f.path());
         }
     }
 }

@@ -196,18 +196,22 @@ pub fn qos_class(pod: &Pod) -> &'static str {
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .collect();
+    // Only cpu and memory count, and only above zero (upstream's
+    // isSupportedQoSComputeResource): an ephemeral-storage limit alone
+    // leaves a pod BestEffort, and the apiserver refuses any other class.
     let mut any = false;
     let mut guaranteed = true;
     for c in &all {
         let r = c.resources.clone().unwrap_or_default();
         let req = r.requests.unwrap_or_default();
         let lim = r.limits.unwrap_or_default();
-        if !req.is_empty() || !lim.is_empty() {
-            any = true;
-        }
         for res in ["cpu", "memory"] {
-            let l = lim.get(res).map(|q| quantity_milli(&q.0));
-            let rq = req.get(res).map(|q| quantity_milli(&q.0)).or(l);
+            let positive = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+                Some(quantity_milli(&q.0)).filter(|v| *v > 0)
+            };
+            let l = lim.get(res).and_then(positive);
+            let rq = req.get(res).and_then(positive).or(l);
+            any |= l.is_some() || rq.is_some();
             if l.is_none() || rq != l {
                 guaranteed = false;
             }
@@ -1317,6 +1321,11 @@ mod tests {
             "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{requests: {{memory: 512Mi}}}}}}]}}"
         ));
         assert_eq!(qos_class(&b), "Burstable");
+        // Neither other resources nor zero quantities make a class.
+        let eph = pod(&format!(
+            "{BASE}spec: {{containers: [{{name: a, image: x, resources: {{limits: {{ephemeral-storage: 10Mi}}, requests: {{cpu: '0'}}}}}}]}}"
+        ));
+        assert_eq!(qos_class(&eph), "BestEffort");
         assert_eq!(
             oom_score_adj(&g, &g.spec.as_ref().unwrap().containers[0], 2 << 30),
             -997
