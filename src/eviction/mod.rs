@@ -417,6 +417,7 @@ impl Manager {
             // the runtime says (CRI's list has no path).
             let dir = crate::pods::convert::log_directory(&e.pod, &logs);
             let dir = crate::pods::convert::contained_path(std::path::Path::new(&dir), &[&c.name]);
+            info!(pod = %crate::pods::convert::pod_name(&e.pod), container = %c.name, logs = ?dir, "disk pressure: a finished pod's dead container removed");
             if let Some(dir) = dir {
                 let prefix = format!("{}.log", c.attempt);
                 let _ = tokio::task::spawn_blocking(move || remove_logs(&dir, &prefix)).await;

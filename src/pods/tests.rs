@@ -222,6 +222,17 @@ async fn restart_policies_never_and_on_failure() {
     .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!((n.calls("create a"), n.calls("create b")), (1, 1));
+    // Done for good: dead containers collected (disk-pressure reclaim)
+    // start nothing again, and the statuses stay.
+    for c in n.rt.containers() {
+        kinglet_runtime::Runtime::remove_container(&*n.rt, &c.id)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!((n.calls("create a"), n.calls("create b")), (1, 1));
+    assert_eq!(n.phase("u1").as_deref(), Some("Failed"));
+    assert_eq!(n.phase("u2").as_deref(), Some("Succeeded"));
     n.stop.cancel();
 }
 

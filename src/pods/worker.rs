@@ -101,6 +101,10 @@ pub struct Worker {
     own_kill: Option<KillRequest>,
     /// The kill that ended the pod, for its final status.
     killed: Option<KillRequest>,
+    /// The last status reported a terminal phase (`Succeeded`, `Failed`):
+    /// the pod is done, as upstream's pod worker sees it, and is never
+    /// started again, even if its dead containers are collected.
+    terminal: bool,
     /// `FallbackToLogsOnError` messages by container ID, read once.
     log_messages: BTreeMap<String, String>,
     /// The PLEG's mark at the worker's last change to the runtime, and how
@@ -140,6 +144,7 @@ impl Worker {
             start_time,
             own_kill: None,
             killed: None,
+            terminal: false,
             log_messages: BTreeMap::new(),
             last_action: 0,
             actions: 0,
@@ -221,6 +226,9 @@ impl Worker {
             };
             let acted = self.actions;
             let next = self.sync(&u.pod, &current).await;
+            if self.terminal {
+                return Some(u);
+            }
             // Having changed something, look again at once: the next round
             // asks for a relist newer than the change and reports it.
             if self.own_kill.is_some() || self.actions != acted {
@@ -906,6 +914,7 @@ impl Worker {
                     });
             }
         }
+        self.terminal = matches!(st.phase.as_deref(), Some("Succeeded") | Some("Failed"));
         self.rep.status(pod, st).await;
     }
 }
