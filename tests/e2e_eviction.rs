@@ -281,6 +281,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     .await;
     let started = Instant::now();
     let hog_status = failed(&pods, &hog, "the hog is evicted", 60).await;
+    let evicted_at = Instant::now();
     eprintln!(
         "figure: eviction {rt:?}: hog evicted {:?} after it started ramping",
         started.elapsed()
@@ -377,6 +378,14 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         },
     )
     .await;
+    // Not before the transition period (10 s) from the last time the
+    // threshold was met, which was before the hog's Failed status was
+    // seen (a status write takes ≤ 1 s here, hence the slack).
+    let held = evicted_at.elapsed();
+    assert!(
+        held >= Duration::from_secs(8),
+        "MemoryPressure cleared {held:?} after the eviction, within the 10 s transition period"
+    );
     let log = k.log();
     for l in log
         .lines()
