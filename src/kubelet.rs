@@ -32,6 +32,8 @@ pub struct Kubelet {
     pressure: Arc<crate::eviction::Pressure>,
     /// Image GC, shared with the eviction manager's disk reclaim.
     image_gc: Option<Arc<tokio::sync::Mutex<pods::image_gc::ImageGc>>>,
+    /// Where image GC finds the node's pods (their images are pinned).
+    gc_pods: Option<Arc<std::sync::OnceLock<pods::StatusView>>>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -73,6 +75,7 @@ impl Kubelet {
             tasks: Vec::new(),
             pressure: Arc::default(),
             image_gc: None,
+            gc_pods: None,
         };
         let started = k.start_runtime(&s).await?;
         let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
@@ -207,6 +210,9 @@ impl Kubelet {
             pressure: Some(self.pressure.clone()),
         };
         let view = status.view();
+        if let Some(slot) = &self.gc_pods {
+            let _ = slot.set(view.clone());
+        }
         let metrics = node_ctx.metrics.clone();
         let (manager, killer, pod_tx, inputs) = pods::PodManager::new(
             started.runtime.clone(),
@@ -314,6 +320,7 @@ impl Kubelet {
             min_age: cfg.image_minimum_gc_age.0,
         };
         let gc = pods::image_gc::ImageGc::new(started.runtime.clone(), policy);
+        self.gc_pods = Some(gc.pods_slot());
         let gc = Arc::new(tokio::sync::Mutex::new(gc));
         self.image_gc = Some(gc.clone());
         self.spawn(pods::image_gc::ImageGc::run(gc, self.shutdown.clone()));

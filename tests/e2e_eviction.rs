@@ -541,8 +541,13 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         &config,
         true,
         &[],
-        // The unused image: collected before any pod is evicted.
-        &[pods::busybox_archive(), pods::busybox_usr1_archive()],
+        // The unused image (usr2): collected before any pod is evicted;
+        // usr1, which a waiting pod names, is kept.
+        &[
+            pods::busybox_archive(),
+            pods::busybox_usr1_archive(),
+            pods::busybox_usr2_archive(),
+        ],
         &|root| *fs.borrow_mut() = Some(LoopFs::mount(root, 300)),
     );
     let fs = fs.into_inner().unwrap();
@@ -558,6 +563,18 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         "command": ["sleep", "3600"]}),
     )
     .await;
+    // A pod whose main container waits on its init container: no
+    // container uses its image yet, and image GC must spare it.
+    let waiting = format!("{name}-waiting");
+    let w: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": waiting},
+        "spec": {"nodeName": name, "terminationGracePeriodSeconds": 1,
+                 "initContainers": [{"name": "first", "image": BB, "command": ["sleep", "3600"]}],
+                 "containers": [{"name": "c", "image": "kinglet.test/busybox-usr1:1",
+                                 "command": ["sleep", "3600"]}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &w).await.unwrap();
     // A finished pod: its dead container and log go before any eviction.
     let done = format!("{name}-done");
     create(
@@ -631,11 +648,13 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         .find(|l| l.contains("disk pressure: unused images removed"))
         .unwrap_or_default();
     let gc: Vec<&str> = log.lines().filter(|l| l.contains("image")).collect();
+    // usr2 only: usr1 is the waiting pod's (both would be 2).
     assert!(
-        !first.contains("images=0"),
-        "no image was collected: {first}\n{}",
+        first.contains("images=1"),
+        "not exactly the unused image collected: {first}\n{}",
         gc.join("\n")
     );
+
     assert_eq!(phase(&pods, &idle).await.as_deref(), Some("Running"));
     // The writer's emptyDir went with its termination: the disk recovers.
     wait_for(
@@ -670,7 +689,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
         s.message.as_deref(),
         Some("Usage of EmptyDir volume \"small\" exceeds the limit \"1Mi\". ")
     );
-    delete_pods(&pods, &[idle, writer, over, done]).await;
+    delete_pods(&pods, &[idle, writer, over, done, waiting]).await;
     let _ = nodes.delete(&name, &Default::default()).await;
     // The node (its monitor and runtime, which live on the loop
     // filesystem) goes before the filesystem, or it outlives the unmount.

@@ -7,7 +7,10 @@
 //! removed (pinned ones never: containerd's sandbox image), least
 //! recently used first, until usage is below
 //! `imageGCLowThresholdPercent`. Images first seen less than
-//! `imageMinimumGCAge` ago are spared.
+//! `imageMinimumGCAge` ago are spared, and so are the images of every pod
+//! the node holds that has not finished, whether its containers exist or
+//! not: a pod restored offline (or crash-looping with its dead container
+//! collected) must find its image where it left it, with no registry.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -60,6 +63,8 @@ pub struct ImageGc {
     runtime: Arc<dyn Runtime>,
     policy: Policy,
     records: HashMap<String, Record>,
+    /// The node's pods, once the pod manager exists (set at start).
+    pods: Arc<std::sync::OnceLock<super::StatusView>>,
 }
 
 impl ImageGc {
@@ -68,7 +73,42 @@ impl ImageGc {
             runtime,
             policy,
             records: HashMap::new(),
+            pods: Arc::default(),
         }
+    }
+
+    /// Where the node's pods will be found: their images are pinned.
+    pub fn pods_slot(&self) -> Arc<std::sync::OnceLock<super::StatusView>> {
+        self.pods.clone()
+    }
+
+    /// The images the node's unfinished pods name, normalized (the name as
+    /// written too, for IDs and exotic references).
+    fn wanted(&self) -> HashSet<String> {
+        let Some(view) = self.pods.get() else {
+            return HashSet::new();
+        };
+        let mut out = HashSet::new();
+        for (_, e) in view.pods() {
+            let done = matches!(
+                e.status.phase.as_deref(),
+                Some("Succeeded") | Some("Failed")
+            );
+            let Some(spec) = e.pod.spec.as_ref().filter(|_| !done) else {
+                continue;
+            };
+            let containers = spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten());
+            for image in containers.filter_map(|c| c.image.as_deref()) {
+                if let Ok(n) = kinglet_runtime::image::parse(image) {
+                    out.insert(n.canonical());
+                }
+                out.insert(image.to_string());
+            }
+        }
+        out
     }
 
     /// Runs every [`PERIOD`], first at once, until shutdown; the eviction
@@ -143,9 +183,17 @@ impl ImageGc {
         if to_free == 0 {
             return Ok(Vec::new());
         }
+        let wanted = self.wanted();
+        let named = |i: &ImageInfo| {
+            wanted.contains(&i.id)
+                || i.repo_tags
+                    .iter()
+                    .chain(&i.repo_digests)
+                    .any(|n| wanted.contains(n))
+        };
         let mut candidates: Vec<(&ImageInfo, Record)> = images
             .iter()
-            .filter(|i| !in_use.contains(&i.id) && !i.pinned)
+            .filter(|i| !in_use.contains(&i.id) && !i.pinned && !named(i))
             .filter_map(|i| Some((i, *self.records.get(&i.id)?)))
             .filter(|(_, r)| now.saturating_duration_since(r.first_seen) >= self.policy.min_age)
             .collect();
@@ -283,6 +331,48 @@ mod tests {
         let left = rt.list_images().await.unwrap();
         assert_eq!(left.len(), 1);
         assert!(left[0].pinned);
+    }
+
+    /// A pod the node holds keeps its image though no container uses it
+    /// (restored offline, or its dead container collected); a finished
+    /// pod's image is fair game. Names match normalized.
+    #[tokio::test(start_paused = true)]
+    async fn spares_the_images_of_the_nodes_unfinished_pods() {
+        let rt = Arc::new(FakeRuntime::new());
+        for i in [
+            "docker.io/library/busybox:1",
+            "docker.io/library/done:1",
+            "old:1",
+        ] {
+            rt.add_image(i);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut status = crate::pods::StatusManager::new(dir.path().to_path_buf(), None);
+        let pod = |uid: &str, image: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": uid, "namespace": "default", "uid": uid},
+                "spec": {"containers": [{"name": "c", "image": image}]}
+            }))
+            .unwrap()
+        };
+        let phase = |p: &str| k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(p.into()),
+            ..Default::default()
+        };
+        status.set("u1", &pod("u1", "busybox:1"), phase("Pending"));
+        status.set("u2", &pod("u2", "done:1"), phase("Succeeded"));
+        let mut gc = ImageGc::new(rt.clone(), policy(Duration::ZERO));
+        gc.pods_slot().set(status.view()).unwrap();
+        let removed = gc.reclaim().await.unwrap();
+        assert_eq!(removed.len(), 2, "{removed:?}");
+        let left: Vec<String> = rt
+            .list_images()
+            .await
+            .unwrap()
+            .into_iter()
+            .flat_map(|i| i.repo_tags)
+            .collect();
+        assert_eq!(left, ["docker.io/library/busybox:1"]);
     }
 
     #[tokio::test(start_paused = true)]

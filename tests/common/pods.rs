@@ -29,6 +29,13 @@ pub fn busybox_usr1_archive() -> &'static Path {
     A.get_or_init(|| build_busybox("busybox-usr1", &["kinglet.test/busybox-usr1:1", "SIGUSR1"]))
 }
 
+/// `kinglet.test/busybox-usr2:1`: busybox again with another stop signal,
+/// so another image ID on the same layers (a second image to collect).
+pub fn busybox_usr2_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| build_busybox("busybox-usr2", &["kinglet.test/busybox-usr2:1", "SIGUSR2"]))
+}
+
 /// Upstream's test image agnhost (built from its Go module), as
 /// `kinglet.test/agnhost:2.66.1` (the version the control plane pins).
 pub fn agnhost_archive() -> &'static Path {

@@ -21,6 +21,23 @@ pub struct ImageName {
     pub digest: Option<String>,
 }
 
+impl ImageName {
+    /// The normalized reference: `registry/repository:tag`, or
+    /// `registry/repository@digest` when it names a digest (as image stores
+    /// list their tags and digests).
+    pub fn canonical(&self) -> String {
+        match (&self.digest, &self.tag) {
+            (Some(d), _) => format!("{}/{}@{d}", self.registry, self.repository),
+            (None, t) => format!(
+                "{}/{}:{}",
+                self.registry,
+                self.repository,
+                t.as_deref().unwrap_or("latest")
+            ),
+        }
+    }
+}
+
 /// A reference that is not valid (upstream's `InvalidImageName`).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid image name {name:?}: {message}")]
