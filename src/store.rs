@@ -266,4 +266,33 @@ mod tests {
         s.put("../../x", "n", b"v").unwrap();
         assert!(!d.path().join("x").exists());
     }
+
+    /// The size budget (issue #17: a few MB for 110 pods), with what a
+    /// typical pod keeps: its service account token (a JWT with its
+    /// expiry), the cluster CA ConfigMap its token volume projects, one
+    /// more ConfigMap, and its containers' environment with service
+    /// variables. Disk blocks count, not only bytes: small files take a
+    /// block each.
+    #[test]
+    fn a_hundred_and_ten_pods_fit_in_a_few_megabytes() {
+        let d = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(d.path()).unwrap();
+        let value = |n: usize| vec![b'x'; n];
+        for i in 0..110 {
+            let uid = format!("0b6f3a1e-0000-4000-8000-{i:012}");
+            s.put(&uid, "token/default/default", &value(1300)).unwrap();
+            s.put(&uid, "configmap/default/kube-root-ca.crt", &value(1600))
+                .unwrap();
+            s.put(&uid, "configmap/default/app-config", &value(800))
+                .unwrap();
+            s.put(&uid, "env/app", &value(2400)).unwrap();
+        }
+        let store = d.path().join("store");
+        let disk = kinglet_runtime::disk::du(&store);
+        println!(
+            "figure: store: 110 pods, 4 values each: {} KiB on disk",
+            disk / 1024
+        );
+        assert!(disk < 4 << 20, "{disk} bytes");
+    }
 }
