@@ -181,6 +181,7 @@ impl Kubelet {
         }
         let machine = &host.machine;
         let mut node_ctx = node_context(s, host, &started.id_scheme, client.clone(), metrics);
+        let store = node_ctx.store.clone();
         node_ctx.services = client
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
@@ -228,7 +229,10 @@ impl Kubelet {
         self.spawn(eviction.run(self.shutdown.clone()));
         let manager = manager.with_relist_heartbeat(relist);
         if let Some(client) = client {
-            let checkpoint = status_dir.join("api-checkpoint.json");
+            let checkpoint = pods::api::Checkpoint {
+                store: store.clone(),
+                legacy: status_dir.join("api-checkpoint.json"),
+            };
             let watch = pods::api::watch(
                 client,
                 s.node_name.clone(),

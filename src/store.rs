@@ -4,7 +4,11 @@
 //! container, mount or tmpfs left — while the API server is unreachable.
 //!
 //! Layout: `<root>/store/pods/<pod uid>/<sha256 of kind/namespace/name>`,
-//! one file per value, kept with the pod and removed with it. Every file is
+//! one file per value, kept with the pod and removed with it; and the
+//! node's own values, `<root>/store/node/<sha256 of name>`: the last
+//! snapshot of the API pods bound to the node (`api/pods`, which replaced
+//! the plain `api-checkpoint.json` of earlier versions: it is migrated at
+//! start). Every file is
 //! sealed with ChaCha20-Poly1305 under a node-local key (`<root>/store/key`,
 //! 32 random bytes, 0600), its name bound in as associated data so that no
 //! file can stand in for another; written whole through a temp file, an
@@ -106,9 +110,41 @@ impl LocalStore {
     /// Keeps `value` as the pod's copy of `name` (blocking: call it off
     /// the async thread).
     pub fn put(&self, pod_uid: &str, name: &str, value: &[u8]) -> Result<(), StoreError> {
-        let Some((path, aad)) = self.file(pod_uid, name) else {
-            return Ok(());
-        };
+        match self.file(pod_uid, name) {
+            Some((path, aad)) => self.seal_to(&path, &aad, value),
+            None => Ok(()),
+        }
+    }
+
+    /// The pod's copy of `name`, if one was kept.
+    pub fn get(&self, pod_uid: &str, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.file(pod_uid, name) {
+            Some((path, aad)) => self.open_from(path, &aad),
+            None => Ok(None),
+        }
+    }
+
+    /// The file of one of the node's own values (not a pod's: kept until
+    /// replaced), `<store>/node/<sha256 of name>`.
+    fn node_file(&self, name: &str) -> (PathBuf, String) {
+        let hash = hex::encode(Sha256::digest(name.as_bytes()));
+        (self.dir.join("node").join(hash), format!("node/{name}"))
+    }
+
+    /// Keeps `value` as the node's `name` (blocking).
+    pub fn put_node(&self, name: &str, value: &[u8]) -> Result<(), StoreError> {
+        let (path, aad) = self.node_file(name);
+        self.seal_to(&path, &aad, value)
+    }
+
+    /// The node's `name`, if kept (blocking).
+    pub fn get_node(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (path, aad) = self.node_file(name);
+        self.open_from(path, &aad)
+    }
+
+    /// Seals `value` with `aad` bound in and writes it whole to `path`.
+    fn seal_to(&self, path: &Path, aad: &str, value: &[u8]) -> Result<(), StoreError> {
         if let Some(d) = path.parent() {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
@@ -129,14 +165,12 @@ impl LocalStore {
             .map_err(|_| StoreError::Random)?;
         let mut data = nonce.to_vec();
         data.extend_from_slice(&sealed);
-        crate::fsutil::write_private_atomic(&path, &data, true).map_err(io(&path))
+        crate::fsutil::write_private_atomic(path, &data, true).map_err(io(path))
     }
 
-    /// The pod's copy of `name`, if one was kept.
-    pub fn get(&self, pod_uid: &str, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some((path, aad)) = self.file(pod_uid, name) else {
-            return Ok(None);
-        };
+    /// Reads and opens the value sealed at `path` with `aad`; none if the
+    /// file is not there.
+    fn open_from(&self, path: PathBuf, aad: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let data = match std::fs::read(&path) {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -262,6 +296,12 @@ mod tests {
         );
         s.remove_pod("uid-1");
         assert_eq!(s.get("uid-1", "secret/ns/db").unwrap(), None);
+        // The node's own values: apart from every pod's, bound to their
+        // own names.
+        s.put_node("api/pods", b"[]").unwrap();
+        assert_eq!(s.get_node("api/pods").unwrap().as_deref(), Some(&b"[]"[..]));
+        assert!(s.pods().is_empty(), "a node value is no pod");
+        assert_eq!(s.get_node("other").unwrap(), None);
         // A hostile pod UID names nothing outside the store.
         s.put("../../x", "n", b"v").unwrap();
         assert!(!d.path().join("x").exists());

@@ -469,11 +469,21 @@ async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
         !by_root.stdout.is_empty(),
         "the value is expected on disk, for root"
     );
-    let checkpoint = root.join("pods/api-checkpoint.json");
+    // The API checkpoint is sealed in the local store (0600, no value in
+    // clear): no file of the store holds it.
+    let found = String::from_utf8_lossy(&by_root.stdout).into_owned();
+    assert!(!found.contains("/store/"), "in clear in the store: {found}");
+    let checkpoint = std::fs::read_dir(root.join("store/node"))
+        .unwrap()
+        .next()
+        .expect("the checkpoint in the store")
+        .unwrap()
+        .path();
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(&checkpoint).unwrap().permissions(),
     );
     assert_eq!(mode & 0o777, 0o600, "{}", checkpoint.display());
+    assert!(!root.join("pods/api-checkpoint.json").exists());
     let waiting = wait_for(
         "CreateContainerConfigError",
         Duration::from_secs(30),

@@ -75,7 +75,9 @@ pub fn limit_breach(
     if let Some(m) = over_limit(pod, uid, r) {
         return Some(("emptydirfs.limit", m));
     }
-    let containers: Vec<(String, Option<(String, u64)>, u64)> = pod
+    // (name, limit as written and in bytes, bytes used)
+    type Use = (String, Option<(String, u64)>, u64);
+    let containers: Vec<Use> = pod
         .spec
         .iter()
         .flat_map(|s| s.containers.iter())

@@ -1,6 +1,7 @@
 //! The API pod source: a watch of the pods bound to this node
-//! (`spec.nodeName`), sent as whole snapshots, and checkpointed so the
-//! pods come back after a reboot while the control plane is unreachable.
+//! (`spec.nodeName`), sent as whole snapshots, and checkpointed in the
+//! local store (sealed, `api/pods`) so the pods come back after a reboot
+//! while the control plane is unreachable.
 
 use std::collections::BTreeMap;
 
@@ -20,22 +21,18 @@ use crate::fsutil::write_private_atomic;
 /// Sends a snapshot of this node's API pods after the first list and after
 /// every change. Mirror pods are the node's own reflection and are skipped.
 ///
-/// Each snapshot is also written to `checkpoint`; at start, before the API
-/// server has answered, the last checkpoint is the snapshot, so the pods
-/// this node ran come back after a reboot while the control plane is
+/// Each snapshot is also written to the checkpoint; at start, before the
+/// API server has answered, the last checkpoint is the snapshot, so the
+/// pods this node ran come back after a reboot while the control plane is
 /// unreachable (a deliberate difference from upstream, which waits).
 pub async fn watch(
     client: Client,
     node_name: String,
-    checkpoint: std::path::PathBuf,
+    checkpoint: Checkpoint,
     tx: mpsc::Sender<SourceUpdate>,
     shutdown: CancellationToken,
 ) {
-    if let Some(pods) = tokio::fs::read(&checkpoint)
-        .await
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<Pod>>(&b).ok())
-    {
+    if let Some(pods) = checkpoint.read().await {
         info!(
             pods = pods.len(),
             "starting the API pods of the last checkpoint until the API server answers"
@@ -73,7 +70,7 @@ pub async fn watch(
             .filter(|p| !is_mirror(p))
             .cloned()
             .collect();
-        write_checkpoint(&checkpoint, &snapshot).await;
+        checkpoint.write(&snapshot).await;
         let update = SourceUpdate {
             source: "api",
             pods: snapshot,
@@ -128,17 +125,58 @@ impl PodSet {
     }
 }
 
-/// Writes the snapshot for a start without the API server (flushed to disk,
-/// on the blocking pool).
-async fn write_checkpoint(path: &std::path::Path, pods: &[Pod]) {
-    let Ok(data) = serde_json::to_vec(pods) else {
-        return;
-    };
-    let path = path.to_path_buf();
-    let written =
-        tokio::task::spawn_blocking(move || write_private_atomic(&path, &data, true)).await;
-    if let Ok(Err(e)) = written {
-        warn!(error = %e, "cannot write the pod checkpoint");
+/// Where the last snapshot is kept: the local store (`api/pods`), or the
+/// plain file of earlier versions, read once, moved into the store and
+/// removed. Without a store (it could not be opened) the plain file stays
+/// in use.
+pub struct Checkpoint {
+    pub store: Option<std::sync::Arc<crate::store::LocalStore>>,
+    pub legacy: std::path::PathBuf,
+}
+
+const STORED: &str = "api/pods";
+
+impl Checkpoint {
+    /// The last snapshot, migrating the plain file into the store.
+    async fn read(&self) -> Option<Vec<Pod>> {
+        let (store, legacy) = (self.store.clone(), self.legacy.clone());
+        let raw = tokio::task::spawn_blocking(move || -> Option<Vec<u8>> {
+            if let Some(st) = &store {
+                match st.get_node(STORED) {
+                    Ok(Some(v)) => return Some(v),
+                    Ok(None) => {}
+                    Err(e) => warn!(error = %e, "cannot read the pod checkpoint"),
+                }
+            }
+            let old = std::fs::read(&legacy).ok()?;
+            if let Some(st) = &store
+                && st.put_node(STORED, &old).is_ok()
+            {
+                info!(file = %legacy.display(), "pod checkpoint moved into the local store");
+                let _ = std::fs::remove_file(&legacy);
+            }
+            Some(old)
+        })
+        .await
+        .ok()??;
+        serde_json::from_slice(&raw).ok()
+    }
+
+    /// Keeps the snapshot for a start without the API server (flushed to
+    /// disk, on the blocking pool).
+    async fn write(&self, pods: &[Pod]) {
+        let Ok(data) = serde_json::to_vec(pods) else {
+            return;
+        };
+        let (store, legacy) = (self.store.clone(), self.legacy.clone());
+        let written = tokio::task::spawn_blocking(move || match &store {
+            Some(st) => st.put_node(STORED, &data).map_err(|e| e.to_string()),
+            None => write_private_atomic(&legacy, &data, true).map_err(|e| e.to_string()),
+        })
+        .await;
+        if let Ok(Err(e)) = written {
+            warn!(error = %e, "cannot write the pod checkpoint");
+        }
     }
 }
 
@@ -147,6 +185,28 @@ mod tests {
     use super::*;
 
     use crate::pods::test_pod as pod;
+
+    /// An upgrade from the plain checkpoint file: read once, moved into
+    /// the store (sealed), the file removed; later snapshots go there.
+    #[tokio::test]
+    async fn the_plain_checkpoint_moves_into_the_store() {
+        let d = tempfile::tempdir().unwrap();
+        let legacy = d.path().join("api-checkpoint.json");
+        let pods = vec![pod("a")];
+        std::fs::write(&legacy, serde_json::to_vec(&pods).unwrap()).unwrap();
+        let store = std::sync::Arc::new(crate::store::LocalStore::open(d.path()).unwrap());
+        let cp = Checkpoint {
+            store: Some(store.clone()),
+            legacy: legacy.clone(),
+        };
+        let read = cp.read().await.unwrap();
+        assert_eq!(read.len(), 1);
+        assert!(!legacy.exists(), "the plain file stays");
+        assert!(store.get_node(STORED).unwrap().is_some());
+        cp.write(&[pod("a"), pod("b")]).await;
+        assert_eq!(cp.read().await.unwrap().len(), 2);
+        assert!(!legacy.exists());
+    }
 
     #[test]
     fn snapshots_start_after_the_first_list_and_a_relist_replaces_them() {
