@@ -153,13 +153,17 @@ pub fn usage(pod: &Pod, uid: &str, r: &Roots, writable: &Writable) -> u64 {
 mod tests {
     use super::*;
 
+    fn roots(d: &Path) -> Roots {
+        Roots {
+            volumes: d.join("volumes"),
+            logs: d.join("logs"),
+        }
+    }
+
     #[test]
     fn an_empty_dir_over_its_size_limit_is_named() {
         let d = tempfile::tempdir().unwrap();
-        let r = Roots {
-            volumes: d.path().join("volumes"),
-            logs: d.path().join("logs"),
-        };
+        let r = roots(d.path());
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
             "spec": {"containers": [{"name": "c"}], "volumes": [
@@ -187,10 +191,7 @@ mod tests {
     #[test]
     fn ephemeral_storage_limits_of_the_pod_then_of_a_container() {
         let d = tempfile::tempdir().unwrap();
-        let r = Roots {
-            volumes: d.path().join("volumes"),
-            logs: d.path().join("logs"),
-        };
+        let r = roots(d.path());
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
             "spec": {"containers": [

@@ -283,6 +283,12 @@ mod tests {
         );
     }
 
+    /// The tags of the images left.
+    async fn tags(rt: &FakeRuntime) -> Vec<String> {
+        let images = rt.list_images().await.unwrap();
+        images.into_iter().flat_map(|i| i.repo_tags).collect()
+    }
+
     /// The regression: GC once removed images in use, because it was
     /// handed an empty in-use set.
     #[tokio::test(start_paused = true)]
@@ -309,13 +315,7 @@ mod tests {
         let mut gc = ImageGc::new(rt.clone(), policy(Duration::ZERO));
         let removed = gc.collect(FULL).await.unwrap();
         assert_eq!(removed.len(), 1);
-        let left: Vec<String> = rt
-            .list_images()
-            .await
-            .unwrap()
-            .into_iter()
-            .flat_map(|i| i.repo_tags)
-            .collect();
+        let left = tags(&rt).await;
         assert_eq!(left, ["exited:1", "running:1"]);
     }
 
@@ -365,13 +365,7 @@ mod tests {
         gc.pods_slot().set(status.view()).unwrap();
         let removed = gc.reclaim().await.unwrap();
         assert_eq!(removed.len(), 2, "{removed:?}");
-        let left: Vec<String> = rt
-            .list_images()
-            .await
-            .unwrap()
-            .into_iter()
-            .flat_map(|i| i.repo_tags)
-            .collect();
+        let left = tags(&rt).await;
         assert_eq!(left, ["docker.io/library/busybox:1"]);
     }
 

@@ -152,18 +152,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => { debug!(error = %e, "kubelet API accept failed"); continue; }
-            },
-        };
-        // As Go's listeners: no Nagle. A response's header and body are
-        // separate small writes; with Nagle the second waits out the
-        // peer's delayed ACK (40 ms a request).
-        let _ = tcp.set_nodelay(true);
+    while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
         let (acceptor, state, stop) = (acceptor.clone(), state.clone(), shutdown.clone());
         tokio::spawn(async move {
             let tls = match acceptor.accept(tcp).await {
@@ -194,6 +183,29 @@ pub async fn serve(
     }
 }
 
+/// The next connection, with Nagle off as Go's listeners have it (a
+/// response's header and body are separate small writes; with Nagle the
+/// second waits out the peer's delayed ACK, 40 ms a request); `None` at
+/// shutdown. A failed accept is logged and skipped.
+async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        let r = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            r = listener.accept() => r,
+        };
+        match r {
+            Ok((tcp, peer)) => {
+                let _ = tcp.set_nodelay(true);
+                return Some((tcp, peer));
+            }
+            Err(e) => debug!(error = %e, "kubelet API accept failed"),
+        }
+    }
+}
+
 /// Serves the read-only port (`readOnlyPort`) until `shutdown`: plain
 /// HTTP, no authentication, as upstream's `ListenAndServeKubeletReadOnlyServer`:
 /// the default handlers only (`/healthz`, `/pods`, `/stats/summary`,
@@ -204,15 +216,7 @@ pub async fn serve_read_only(
     state: Arc<State>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => { debug!(error = %e, "read-only port accept failed"); continue; }
-            },
-        };
-        let _ = tcp.set_nodelay(true);
+    while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
         let (state, stop) = (state.clone(), shutdown.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
