@@ -198,6 +198,16 @@ async fn small_node(rt: Rt, prefix: &str, extra: &str) -> (Kinglet, String) {
     (k, root)
 }
 
+/// Stops the node, deletes its Node, then removes its cgroup root (the
+/// node and its runtime gone first, so nothing holds the cgroups).
+async fn retire(mut k: Kinglet, root: &str) {
+    k.terminate(Duration::from_secs(5));
+    let nodes: Api<Node> = Api::all(admin().await);
+    let _ = nodes.delete(&k.name, &Default::default()).await;
+    drop(k);
+    remove_cgroups(root);
+}
+
 /// Anonymous memory at `per_tenth` MiB every 0.1 s (about 10× that a
 /// second), up to `mib` if given, then held.
 fn ramp(per_tenth: u32, mib: Option<u32>) -> String {
@@ -211,7 +221,7 @@ fn ramp(per_tenth: u32, mib: Option<u32>) -> String {
 async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     let _shared = PIDS.read().await;
     let admin = admin().await;
-    let (mut k, root) = small_node(rt, "kl-evict", "").await;
+    let (k, root) = small_node(rt, "kl-evict", "").await;
     let name = k.name.clone();
     let nodes: Api<Node> = Api::all(admin.clone());
     let limit = std::fs::read_to_string(format!(
@@ -412,11 +422,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
         field("decided_in")
     );
     delete_pods(&pods, &[burstable, guaranteed, hog, slow, refused]).await;
-    k.terminate(Duration::from_secs(5));
-    let _ = nodes.delete(&name, &Default::default()).await;
-    // The node and its runtime gone first, so nothing holds the cgroups.
-    drop(k);
-    remove_cgroups(&root);
+    retire(k, &root).await;
 }
 
 async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
@@ -424,7 +430,7 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
     let admin = admin().await;
     let manifests = tempfile::tempdir().unwrap();
     let extra = format!("staticPodPath: {}\n", manifests.path().display());
-    let (mut k, root) = small_node(rt, "kl-spare", &extra).await;
+    let (k, root) = small_node(rt, "kl-spare", &extra).await;
     let name = k.name.clone();
     // The static pod takes 350 MiB and holds it (the script in a YAML
     // single-quoted string: its quotes doubled).
@@ -485,12 +491,7 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
         pods.get(&mirror).await.is_err().then_some(())
     })
     .await;
-    k.terminate(Duration::from_secs(5));
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let _ = nodes.delete(&name, &Default::default()).await;
-    // The node and its runtime gone first, so nothing holds the cgroups.
-    drop(k);
-    remove_cgroups(&root);
+    retire(k, &root).await;
 }
 
 /// A small ext4 on a loop device mounted at `at` (lazily unmounted and
@@ -790,7 +791,7 @@ async fn a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted(rt: Rt) {
     let config = format!(
         "{FAST_CONFIG}cgroupRoot: /{root}\npodPidsLimit: 300\nevictionHard: {{pid.available: \"{threshold}\"}}\nevictionPressureTransitionPeriod: 10s\n"
     );
-    let mut k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
+    let k = Kinglet::start_rt(rt, &name, &config, true, &[], &[pods::busybox_archive()]);
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(60)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -869,10 +870,7 @@ async fn a_fork_bomb_is_bounded_by_the_pod_pids_limit_and_evicted(rt: Rt) {
         "figure: fork bomb {rt:?}: held at {peak} tasks by podPidsLimit 300, evicted on pid.available"
     );
     delete_pods(&pods, &[idle, bomb]).await;
-    k.terminate(Duration::from_secs(5));
-    let _ = nodes.delete(&name, &Default::default()).await;
-    drop(k);
-    remove_cgroups(&root);
+    retire(k, &root).await;
 }
 
 async fn a_container_over_its_ephemeral_storage_limit_is_evicted(rt: Rt) {
