@@ -494,40 +494,6 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
     retire(k, &root).await;
 }
 
-/// A small ext4 on a loop device mounted at `at` (lazily unmounted and
-/// deleted when dropped).
-struct LoopFs {
-    at: std::path::PathBuf,
-    image: std::path::PathBuf,
-}
-
-impl LoopFs {
-    fn mount(at: &std::path::Path, mib: u64) -> LoopFs {
-        let image = at.with_extension("img");
-        let run = |cmd: &str, args: &[&str]| {
-            output_ok(std::process::Command::new(cmd).args(args));
-        };
-        let img = image.display().to_string();
-        run("truncate", &["-s", &format!("{mib}M"), &img]);
-        run("mkfs.ext4", &["-q", "-F", &img]);
-        run("mount", &["-o", "loop", &img, &at.display().to_string()]);
-        LoopFs {
-            at: at.to_path_buf(),
-            image,
-        }
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.at)
-            .status();
-        let _ = std::fs::remove_file(&self.image);
-    }
-}
-
 async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
     let _shared = PIDS.read().await;
     let admin = admin().await;
@@ -549,7 +515,7 @@ async fn disk_pressure_collects_images_then_evicts_the_writer(rt: Rt) {
             pods::busybox_usr1_archive(),
             pods::busybox_usr2_archive(),
         ],
-        &|root| *fs.borrow_mut() = Some(LoopFs::mount(root, 300)),
+        &|root| *fs.borrow_mut() = Some(pods::LoopFs::mount(root, 300)),
     );
     let fs = fs.into_inner().unwrap();
     let nodes: Api<Node> = Api::all(admin.clone());

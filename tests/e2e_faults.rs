@@ -9,7 +9,9 @@
 //! - a reboot while the API server is unreachable (every process, mount
 //!   and pod cgroup gone, every file kept), on both runtimes: every pod
 //!   comes back in a new sandbox offline, and when the API returns nothing
-//!   restarts, pods deleted meanwhile are stopped.
+//!   restarts, pods deleted meanwhile are stopped;
+//! - the root filesystem full: nothing stops, and everything resumes when
+//!   space is back.
 
 mod common;
 
@@ -585,4 +587,138 @@ async fn kills_under_churn_lose_no_pod_restart_nothing_and_leak_nothing() {
     assert!(lost.borrow().is_empty(), "pods failed: {:?}", lost.borrow());
     assert!(left.is_empty(), "left behind: {left:?}");
     let _ = deployments.delete(&name, &DeleteParams::default()).await;
+}
+
+/// A bind mount of `from` at `at`, lazily unmounted when dropped.
+struct Bind(PathBuf);
+
+impl Bind {
+    fn new(from: &Path, at: &Path) -> Bind {
+        std::fs::create_dir_all(from).unwrap();
+        std::fs::create_dir_all(at).unwrap();
+        output_ok(
+            std::process::Command::new("mount")
+                .arg("--bind")
+                .arg(from)
+                .arg(at),
+        );
+        Bind(at.to_path_buf())
+    }
+}
+
+impl Drop for Bind {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The board's only disk full: kinglet's root dir and the pod logs on one
+/// 96 MiB ext4, filled to its last block (root's reserve too) by another
+/// writer while a pod logs 5 lines a second. Nothing stops: kinglet stays
+/// up and healthy, the pod keeps running without a restart. Once space is
+/// back, the log flows again and a new pod starts.
+#[tokio::test]
+async fn a_full_root_filesystem_stops_no_pod_and_recovers() {
+    let admin = admin().await;
+    let disk = tempfile::tempdir().unwrap();
+    let at = disk.path().join("fs");
+    std::fs::create_dir_all(&at).unwrap();
+    let fs = pods::LoopFs::mount(&at, 96);
+    let logs = at.join("logs");
+    let bind = std::cell::RefCell::new(None);
+    let mut k = Kinglet::start_rt_prepared(
+        Rt::Oci,
+        &unique_name("kl-full"),
+        FAST_CONFIG,
+        true,
+        &["--pod-log-dir", logs.to_str().unwrap()],
+        &[pods::busybox_archive()],
+        &|root| *bind.borrow_mut() = Some(Bind::new(&at.join("root"), root)),
+    );
+    // (Dropped in reverse: kinglet and its monitor first, then the bind
+    // mount, then the filesystem, also when a check fails.)
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let name = format!("{}-talk", k.name);
+    let talk = "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.2; done";
+    pods::create_running(
+        &pods,
+        &k.name,
+        &name,
+        serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sh", "-c", talk]}]}),
+    )
+    .await;
+    let (id, _, _) = first_container(&pods, &name).await.unwrap();
+    let log = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|d| d.path().join("c/0.log"))
+        .find(|p| p.exists())
+        .expect("the pod's log");
+    // Full: dd runs until ENOSPC.
+    let fill = at.join("fill");
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=1M"])
+        .arg(format!("of={}", fill.display()))
+        .output()
+        .unwrap();
+    let free = std::process::Command::new("df")
+        .args(["-B1", "--output=avail"])
+        .arg(&at)
+        .output()
+        .unwrap();
+    let free: u64 = String::from_utf8_lossy(&free.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap();
+    assert!(free < 1 << 20, "not full: {free} bytes free");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(k.alive(), "kinglet died on a full disk:\n{}", k.log());
+    let health = std::process::Command::new("curl")
+        .args([
+            "-sf",
+            &format!("http://127.0.0.1:{}/healthz", k.healthz_port),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&health.stdout), "ok");
+    let (still, restarts, running) = first_container(&pods, &name).await.unwrap();
+    assert_eq!(
+        (&still, restarts, running),
+        (&id, 0, true),
+        "the pod was touched"
+    );
+    // Space back: the log flows again, a new pod starts.
+    std::fs::remove_file(&fill).unwrap();
+    let lines = |p: &Path| line_numbers(p).last().copied().unwrap_or(0);
+    let before = lines(&log);
+    wait_for("the log flowing again", Duration::from_secs(30), || async {
+        (lines(&log) > before + 10).then_some(())
+    })
+    .await;
+    let after = format!("{}-after", k.name);
+    pods::create_running(
+        &pods,
+        &k.name,
+        &after,
+        serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sleep", "3600"]}]}),
+    )
+    .await;
+    let (again, restarts, _) = first_container(&pods, &name).await.unwrap();
+    assert_eq!(
+        (again, restarts),
+        (id, 0),
+        "restarted after the disk came back"
+    );
+    println!("figure: faults: | a full root filesystem (15 s, in-process) | 1 | 0 | 0 | 0 |");
+    delete_pods(&pods, &[name, after]).await;
+    k.terminate(Duration::from_secs(5));
+    drop(k);
+    drop(bind);
+    drop(fs);
 }

@@ -27,8 +27,17 @@ os.makedirs(out, exist_ok=True)
 json.dump(nodes, open(os.path.join(out, "pressure.json"), "w"), indent=1)
 
 
+def early(r):
+    """Evicted before the sampler saw the working set cross the level: the
+    agent's own reading crossed first (it counts a little more)."""
+    return r.get("cross_to_decision_ms") is None and r.get("reason") == "Evicted"
+
+
 def cell(r):
     ms = lambda v: "none" if v is None else f"{v} ms"
+    if early(r):
+        return (f"evicted before the sampled crossing (peak {r['peak_bytes'] >> 20} MiB), "
+                f"{r['oom_kills']} OOM kills")
     return (f"{ms(r['cross_to_decision_ms'])} / {ms(r['cross_to_freed_ms'])}, "
             f"{r['oom_kills']} OOM kills, {r['reason'] or r['phase']}")
 
@@ -61,7 +70,8 @@ for ax, key, title in zip(axes, ["cross_to_decision_ms", "cross_to_freed_ms"],
                 continue
             # A reaction never measured (the OOM killer won) is drawn at
             # the top, hatched.
-            v = r.get(key)
+            # Evicted before the sampled crossing: drawn at the floor.
+            v = 0 if early(r) else r.get(key)
             xs.append(i + k * width)
             ys.append(max(1, v) if v is not None else 20000)
             ooms.append(r.get("oom_kills", 0) > 0 or v is None)

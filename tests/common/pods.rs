@@ -284,3 +284,37 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
         .map(String::from)
         .collect()
 }
+
+/// A small ext4 on a loop device mounted at `at` (lazily unmounted and
+/// deleted when dropped).
+pub struct LoopFs {
+    pub at: std::path::PathBuf,
+    image: std::path::PathBuf,
+}
+
+impl LoopFs {
+    pub fn mount(at: &std::path::Path, mib: u64) -> LoopFs {
+        let image = at.with_extension("img");
+        let run = |cmd: &str, args: &[&str]| {
+            super::output_ok(std::process::Command::new(cmd).args(args));
+        };
+        let img = image.display().to_string();
+        run("truncate", &["-s", &format!("{mib}M"), &img]);
+        run("mkfs.ext4", &["-q", "-F", &img]);
+        run("mount", &["-o", "loop", &img, &at.display().to_string()]);
+        LoopFs {
+            at: at.to_path_buf(),
+            image,
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
