@@ -734,15 +734,51 @@ fn node_get(k: &Kinglet, path: &str) -> String {
 /// `/stats/summary` and `/metrics/resource` (what metrics-server scrapes)
 /// with a pod that burns CPU and holds memory.
 async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
-    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-stats").await;
+    // On a CNI network of its own, for the pod's network stats.
+    let dir = tempfile::tempdir().unwrap();
+    let ri = rt as u32;
+    let tag = std::process::id() % 10000;
+    let net = pods::BridgeNet::new(
+        dir.path(),
+        "klstats",
+        format!("kls{tag}r{ri}"),
+        &format!("10.203.{}.0/24", 100 + (std::process::id() % 70) * 2 + ri),
+    );
+    let k = Kinglet::start_rt(
+        rt,
+        &unique_name("kl-stats"),
+        FAST_CONFIG,
+        true,
+        &[
+            "--pod-log-dir",
+            dir.path().join("logs").to_str().unwrap(),
+            "--cni-conf-dir",
+            net.conf.to_str().unwrap(),
+            "--cni-bin-dir",
+            "/usr/lib/cni:/opt/cni/bin",
+        ],
+        &[pods::busybox_archive()],
+    );
+    let admin = admin().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let node = k.name.clone();
     let name = format!("{node}-busy");
-    // A CPU loop, and 20 MiB held in a file in /dev/shm (shared memory
-    // counts in the container's memory cgroup).
-    let script = "head -c 20971520 /dev/zero > /dev/shm/fill; while :; do :; done";
+    // A CPU loop, 20 MiB held in a file in /dev/shm (shared memory counts
+    // in the container's memory cgroup), 1 MiB in its own root filesystem
+    // and 1 MiB in an emptyDir.
+    let script = "head -c 20971520 /dev/zero > /dev/shm/fill; head -c 1048576 /dev/zero > /big; head -c 1048576 /dev/zero > /data/f; while :; do :; done";
     let probe = serde_json::json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
-    let c = serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script], "readinessProbe": probe});
-    pods::create_running(&pods, &node, &name, serde_json::json!({"containers": [c]})).await;
+    let c = serde_json::json!({"name": "c", "image": BB, "command": ["sh", "-c", script], "readinessProbe": probe,
+                               "volumeMounts": [{"name": "data", "mountPath": "/data"}]});
+    pods::create_running(
+        &pods,
+        &node,
+        &name,
+        serde_json::json!({"containers": [c], "volumes": [{"name": "data", "emptyDir": {}}]}),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = node_get(&k, "/stats/summary");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -769,6 +805,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     assert!(rate > 100_000_000, "usageNanoCores {rate}: {c}");
     let ws = c["memory"]["workingSetBytes"].as_u64().unwrap();
     assert!(ws >= 20 << 20, "working set {ws}: {c}");
+    summary_disk_net_and_psi(&k, rt, &name).await;
     assert!(
         pod["memory"]["workingSetBytes"].as_u64().unwrap() >= ws,
         "{pod}"
@@ -845,6 +882,57 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
+}
+
+/// The summary's other sections: the container's writable layer
+/// (`rootfs`; containerd measures it every 10 s), the pod's emptyDir
+/// (`volume`), its network (in-process: read from the pod's own network
+/// namespace; not yet through CRI), the node's PSI where the kernel has it.
+async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
+    let pod = wait_for(
+        "rootfs and volume usage",
+        Duration::from_secs(40),
+        || async {
+            let summary: serde_json::Value =
+                serde_json::from_str(&node_get(k, "/stats/summary")).ok()?;
+            let pod = summary["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["name"] == name)?
+                .clone();
+            let rootfs = pod["containers"][0]["rootfs"]["usedBytes"].as_u64()?;
+            let volume = pod["volume"]
+                .as_array()?
+                .iter()
+                .find(|v| v["name"] == "data")?["usedBytes"]
+                .as_u64()?;
+            (rootfs >= 1 << 20 && volume >= 1 << 20).then_some(pod)
+        },
+    )
+    .await;
+    assert!(
+        pod["volume"][0]["capacityBytes"].as_u64().unwrap() > 0,
+        "{pod}"
+    );
+    if rt == Rt::Oci {
+        let net = &pod["network"];
+        assert_eq!(net["name"], "eth0", "{pod}");
+        assert!(net["rxBytes"].is_u64() && net["txBytes"].is_u64(), "{net}");
+    }
+    if std::path::Path::new("/proc/pressure/cpu").exists() {
+        let summary: serde_json::Value =
+            serde_json::from_str(&node_get(k, "/stats/summary")).unwrap();
+        let psi = &summary["node"]["cpu"]["psi"];
+        assert!(psi["some"]["total"].is_u64(), "{summary}");
+        assert!(
+            summary["node"]["memory"]["psi"]["some"]["avg10"].is_f64(),
+            "{summary}"
+        );
+        assert!(
+            summary["node"]["io"]["psi"]["full"]["total"].is_u64(),
+            "{summary}"
+        );
+    }
 }
 
 /// Millicores and bytes from `kubectl top`'s `123m` and `45Mi` columns.

@@ -1,8 +1,13 @@
 //! Resource usage for `/stats/summary` (upstream's summary API, what
 //! `kubectl top` reads through metrics-server in older setups and what
 //! eviction tools read) and `/metrics/resource` (the Prometheus text
-//! metrics-server 0.8 scrapes): the node from `/proc` and `statvfs`, pods
-//! and containers from the runtime's cgroup readings.
+//! metrics-server 0.8 scrapes): the node from `/proc` and `statvfs` (and
+//! its pressure stall information from `/proc/pressure`, upstream's
+//! `psi` fields), pods and containers from the runtime's cgroup readings,
+//! containers' writable layers from the runtime (`rootfs`), pods'
+//! emptyDirs on disk (`volume`), and a pod's network from one of its
+//! processes' `/proc/<pid>/net/dev` (in-process pods with a network of
+//! their own; `network`).
 //!
 //! CPU rates (`usageNanoCores`) need two readings: each scrape keeps its
 //! readings, and the next one divides by the time between (upstream's
@@ -44,6 +49,8 @@ pub struct ContainerSample {
     pub started_at: f64,
     pub cpu_nanos: u64,
     pub working_set: u64,
+    /// The writable layer's bytes.
+    pub rootfs: u64,
 }
 
 /// One pod's cgroup readings.
@@ -55,6 +62,64 @@ pub struct PodSample {
     pub start_time: Option<String>,
     pub cpu_nanos: u64,
     pub working_set: u64,
+    /// Its emptyDirs on disk: (name, bytes used, inodes used).
+    pub volumes: Vec<(String, u64, u64)>,
+    /// Its network's interfaces, when it has a network of its own.
+    pub network: Vec<Interface>,
+}
+
+/// One network interface's counters (`/proc/<pid>/net/dev`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Interface {
+    pub name: String,
+    pub rx_bytes: u64,
+    pub rx_errors: u64,
+    pub tx_bytes: u64,
+    pub tx_errors: u64,
+}
+
+/// The interfaces of `/proc/<pid>/net/dev`, loopback left out.
+pub fn parse_net_dev(text: &str) -> Vec<Interface> {
+    text.lines()
+        .skip(2)
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .map(|v| v.parse().unwrap_or(0))
+                .collect();
+            let name = name.trim();
+            (name != "lo" && f.len() >= 11).then(|| Interface {
+                name: name.to_string(),
+                rx_bytes: f[0],
+                rx_errors: f[2],
+                tx_bytes: f[8],
+                tx_errors: f[10],
+            })
+        })
+        .collect()
+}
+
+/// Pressure stall information of one resource (`/proc/pressure/<r>`), as
+/// upstream's `PSIStats`: `some` and `full`, each with its stall total in
+/// microseconds and its 10/60/300 s averages.
+pub fn parse_psi(text: &str) -> Option<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let kind = it.next()?;
+        let mut d = serde_json::Map::new();
+        for kv in it {
+            let (k, v) = kv.split_once('=')?;
+            let v: serde_json::Value = match k {
+                "total" => v.parse::<u64>().ok()?.into(),
+                _ => v.parse::<f64>().ok()?.into(),
+            };
+            d.insert(k.to_string(), v);
+        }
+        out.insert(kind.to_string(), d.into());
+    }
+    (!out.is_empty()).then(|| out.into())
 }
 
 /// The node's readings.
@@ -66,6 +131,8 @@ pub struct NodeSample {
     pub working_set: u64,
     pub fs: Option<crate::node::host::FsStats>,
     pub image_fs: Option<crate::node::host::FsStats>,
+    /// `cpu`, `memory`, `io` pressure, where the kernel has PSI.
+    pub psi: std::collections::BTreeMap<&'static str, serde_json::Value>,
 }
 
 /// One scrape.
@@ -129,6 +196,14 @@ impl Sampler {
             working_set: usage.saturating_sub(mem.inactive_file),
             fs: crate::node::host::fs_stats(&self.root_dir).ok(),
             image_fs: crate::node::host::fs_stats(&self.image_dir).ok(),
+            psi: ["cpu", "memory", "io"]
+                .into_iter()
+                .filter_map(|r| {
+                    let text =
+                        std::fs::read_to_string(self.proc_dir.join("pressure").join(r)).ok()?;
+                    Some((r, parse_psi(&text)?))
+                })
+                .collect(),
         }
     }
 
@@ -180,9 +255,10 @@ impl Sampler {
                 started_at: c.started_at as f64 / 1e9,
                 cpu_nanos: u.cpu_usage_core_nanos,
                 working_set: u.memory_working_set_bytes,
+                rootfs: u.writable_layer_bytes,
             });
         }
-        let pods = sandboxes
+        let samples: Vec<PodSample> = sandboxes
             .iter()
             .filter_map(|s| {
                 let (ns, pod, start) = pod_of(&s.pod_uid)?;
@@ -193,9 +269,12 @@ impl Sampler {
                     start_time: start.map(|t| t.0.to_string()),
                     cpu_nanos: s.cpu_usage_core_nanos,
                     working_set: s.memory_working_set_bytes,
+                    volumes: Vec::new(),
+                    network: Vec::new(),
                 })
             })
             .collect();
+        let pods = self.pods_on_disk_and_net(samples, &pods, &listed).await;
         Snapshot {
             at: jiff::Timestamp::now(),
             node: self.node(),
@@ -203,6 +282,51 @@ impl Sampler {
             containers,
             error,
         }
+    }
+
+    /// Fills each pod's volumes and network: disk walks and `/proc` reads,
+    /// off the async thread.
+    async fn pods_on_disk_and_net(
+        &self,
+        mut samples: Vec<PodSample>,
+        pods: &[(String, crate::pods::PodEntry)],
+        listed: &[kinglet_runtime::ContainerStatus],
+    ) -> Vec<PodSample> {
+        let (volume_root, proc_dir) = (self.root_dir.join("volumes"), self.proc_dir.clone());
+        let specs: HashMap<String, Arc<k8s_openapi::api::core::v1::Pod>> = pods
+            .iter()
+            .map(|(u, e)| (u.clone(), e.pod.clone()))
+            .collect();
+        let pids: HashMap<String, i32> = listed
+            .iter()
+            .filter(|c| c.state == ContainerState::Running && c.pid > 0)
+            .map(|c| (c.pod_uid.clone(), c.pid))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            for p in &mut samples {
+                let Some(spec) = specs.get(&p.uid) else {
+                    continue;
+                };
+                p.volumes = empty_dir_usage(spec, &volume_root.join(&p.uid));
+                let own_net = spec
+                    .spec
+                    .as_ref()
+                    .is_none_or(|s| s.host_network != Some(true));
+                if let (true, Some(pid)) = (own_net, pids.get(&p.uid)) {
+                    let proc = proc_dir.join(pid.to_string());
+                    // A pod without a network of its own (no CNI) shares
+                    // the host's: its counters are not the pod's.
+                    let ns = |p: &std::path::Path| std::fs::read_link(p.join("ns/net")).ok();
+                    if ns(&proc).is_some() && ns(&proc) != ns(&proc_dir.join("self")) {
+                        let dev = std::fs::read_to_string(proc.join("net/dev")).unwrap_or_default();
+                        p.network = parse_net_dev(&dev);
+                    }
+                }
+            }
+            samples
+        })
+        .await
+        .unwrap_or_default()
     }
 
     /// The CPU rate since this key's previous reading, in nanocores.
@@ -247,7 +371,7 @@ impl Sampler {
             })
         };
         let n = &s.node;
-        let node = serde_json::json!({
+        let mut node = serde_json::json!({
             "nodeName": self.node_name,
             "startTime": self.started.to_string(),
             "cpu": cpu("node", n.cpu_nanos),
@@ -255,6 +379,15 @@ impl Sampler {
             "fs": fs(&n.fs),
             "runtime": {"imageFs": fs(&n.image_fs)},
         });
+        // Upstream's PSI fields (KubeletPSI): cpu.psi, memory.psi, io.psi.
+        for (r, psi) in &n.psi {
+            if *r == "io" {
+                node["io"] = serde_json::json!({"time": time, "psi": psi});
+            } else {
+                node[*r]["psi"] = psi.clone();
+            }
+        }
+        let image_fs = n.image_fs.as_ref();
         let pods: Vec<serde_json::Value> = s
             .pods
             .iter()
@@ -272,20 +405,100 @@ impl Sampler {
                             "startTime": started,
                             "cpu": cpu(&format!("{}/{}", p.uid, c.name), c.cpu_nanos),
                             "memory": mem(c.working_set, c.working_set, None),
+                            "rootfs": {
+                                "time": time,
+                                "usedBytes": c.rootfs,
+                                "capacityBytes": image_fs.map(|f| f.capacity_bytes),
+                                "availableBytes": image_fs.map(|f| f.available_bytes),
+                            },
                         })
                     })
                     .collect();
-                serde_json::json!({
+                let fs = n.fs.as_ref();
+                let volume: Vec<serde_json::Value> = p
+                    .volumes
+                    .iter()
+                    .map(|(name, used, inodes)| {
+                        serde_json::json!({
+                            "time": time, "name": name, "usedBytes": used, "inodesUsed": inodes,
+                            "capacityBytes": fs.map(|f| f.capacity_bytes),
+                            "availableBytes": fs.map(|f| f.available_bytes),
+                            "inodes": fs.map(|f| f.inodes),
+                            "inodesFree": fs.map(|f| f.inodes_free),
+                        })
+                    })
+                    .collect();
+                let mut pod = serde_json::json!({
                     "podRef": {"name": p.pod, "namespace": p.namespace, "uid": p.uid},
                     "startTime": p.start_time,
                     "containers": containers,
                     "cpu": cpu(&p.uid, p.cpu_nanos),
                     "memory": mem(p.working_set, p.working_set, None),
-                })
+                    "volume": volume,
+                });
+                if let Some(first) = p
+                    .network
+                    .iter()
+                    .find(|i| i.name == "eth0")
+                    .or(p.network.first())
+                {
+                    let iface = |i: &Interface| {
+                        serde_json::json!({
+                            "name": i.name, "rxBytes": i.rx_bytes, "rxErrors": i.rx_errors,
+                            "txBytes": i.tx_bytes, "txErrors": i.tx_errors,
+                        })
+                    };
+                    let mut net = iface(first);
+                    net["time"] = time.clone().into();
+                    net["interfaces"] = p.network.iter().map(iface).collect();
+                    pod["network"] = net;
+                }
+                pod
             })
             .collect();
         serde_json::json!({"node": node, "pods": pods})
     }
+}
+
+/// The pod's emptyDirs on disk (not `medium: Memory`): name, bytes and
+/// inodes used.
+fn empty_dir_usage(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    dir: &std::path::Path,
+) -> Vec<(String, u64, u64)> {
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    volumes
+        .filter(|v| {
+            v.empty_dir
+                .as_ref()
+                .is_some_and(|e| e.medium.as_deref() != Some("Memory"))
+        })
+        .filter_map(|v| {
+            let d = crate::pods::convert::contained_child(dir, &v.name)?;
+            let inodes = walk_count(&d);
+            Some((v.name.clone(), kinglet_runtime::disk::du(&d), inodes))
+        })
+        .collect()
+}
+
+/// Entries under `dir`, itself included (bounded as `du` is).
+fn walk_count(dir: &std::path::Path) -> u64 {
+    let mut n = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        n += 1;
+        if n > 100_000 {
+            break;
+        }
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// Label values escaped as the Prometheus text format wants.
@@ -404,6 +617,29 @@ mod tests {
     }
 
     #[test]
+    fn psi_and_net_dev_as_the_kernel_writes_them() {
+        let psi = "some avg10=1.50 avg60=0.20 avg300=0.00 total=123456\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=42\n";
+        let v = parse_psi(psi).unwrap();
+        assert_eq!(v["some"]["total"], 123456);
+        assert_eq!(v["some"]["avg10"], 1.5);
+        assert_eq!(v["full"]["total"], 42);
+        assert_eq!(parse_psi(""), None);
+        assert_eq!(parse_psi("some avg10=x"), None);
+        let dev = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo: 100 1 0 0 0 0 0 0 100 1 0 0 0 0 0 0\n  eth0: 2000 20 3 0 0 0 0 0 4000 40 5 0 0 0 0 0\n";
+        let i = parse_net_dev(dev);
+        assert_eq!(
+            i,
+            [Interface {
+                name: "eth0".into(),
+                rx_bytes: 2000,
+                rx_errors: 3,
+                tx_bytes: 4000,
+                tx_errors: 5
+            }]
+        );
+    }
+
+    #[test]
     fn resource_metrics_use_upstreams_names_labels_and_timestamps() {
         let s = Snapshot {
             at: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
@@ -419,6 +655,8 @@ mod tests {
                 start_time: None,
                 cpu_nanos: 1_000_000_000,
                 working_set: 77,
+                volumes: Vec::new(),
+                network: Vec::new(),
             }],
             containers: vec![ContainerSample {
                 namespace: "ns".into(),
@@ -428,6 +666,7 @@ mod tests {
                 started_at: 1_699_999_000.0,
                 cpu_nanos: 500_000_000,
                 working_set: 42,
+                rootfs: 0,
             }],
             error: false,
         };

@@ -23,9 +23,10 @@ pub mod procid;
 mod pty;
 pub mod spec;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
 use kinglet_runtime::podcgroup;
@@ -162,7 +163,15 @@ pub struct OciRuntime {
     events: events::Events,
     /// This boot's ID, read once: sandboxes record it and are judged by it.
     boot_id: String,
+    /// Containers' writable layers (bytes) by ID, with when they were
+    /// measured: walked at most every [`WRITABLE_TTL`], as containerd
+    /// refreshes its own, so a memory eviction's stats call never waits on
+    /// a disk walk more than once in that time.
+    writable: Arc<std::sync::Mutex<HashMap<String, (Instant, u64)>>>,
 }
+
+/// How long a writable-layer measurement stands.
+const WRITABLE_TTL: Duration = Duration::from_secs(10);
 
 /// Runs blocking filesystem work on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(
@@ -226,6 +235,7 @@ impl OciRuntime {
             log_rotation: (10 << 20, 5),
             events: events::Events::new(),
             boot_id: procid::boot_id(),
+            writable: Arc::default(),
         }
     }
 
@@ -1290,15 +1300,28 @@ impl Runtime for OciRuntime {
                     Some((path, self.container_dir(&c.id).join("upper"), c))
                 })
                 .collect();
-            let root = self.cgroup_root.clone();
-            // cgroup files and a walk of each writable layer: off the
-            // async thread.
+            let (root, cache) = (self.cgroup_root.clone(), self.writable.clone());
+            // cgroup files and (when stale) a walk of each writable layer:
+            // off the async thread.
             blocking(move || {
+                let now = Instant::now();
+                let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+                cache.retain(|id, _| running.iter().any(|(_, _, c)| &c.id == id));
                 Ok(running
                     .into_iter()
-                    .map(|(path, upper, c)| Usage {
-                        writable_layer_bytes: kinglet_runtime::disk::du(&upper),
-                        ..cgroup_usage(&root, &path, c.id, c.pod_uid)
+                    .map(|(path, upper, c)| {
+                        let writable = match cache.get(&c.id) {
+                            Some((at, bytes)) if now.duration_since(*at) < WRITABLE_TTL => *bytes,
+                            _ => {
+                                let bytes = kinglet_runtime::disk::du(&upper);
+                                cache.insert(c.id.clone(), (now, bytes));
+                                bytes
+                            }
+                        };
+                        Usage {
+                            writable_layer_bytes: writable,
+                            ..cgroup_usage(&root, &path, c.id, c.pod_uid)
+                        }
                     })
                     .collect())
             })
