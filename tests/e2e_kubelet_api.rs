@@ -887,7 +887,8 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
 /// The summary's other sections: the container's writable layer
 /// (`rootfs`; containerd measures it every 10 s), the pod's emptyDir
 /// (`volume`), its network (in-process: read from the pod's own network
-/// namespace; not yet through CRI), the node's PSI where the kernel has it.
+/// namespace; through CRI: containerd's sandbox stats), the node's PSI where
+/// the kernel has it.
 async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
     let pod = wait_for(
         "rootfs and volume usage",
@@ -914,11 +915,9 @@ async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
         pod["volume"][0]["capacityBytes"].as_u64().unwrap() > 0,
         "{pod}"
     );
-    if rt == Rt::Oci {
-        let net = &pod["network"];
-        assert_eq!(net["name"], "eth0", "{pod}");
-        assert!(net["rxBytes"].is_u64() && net["txBytes"].is_u64(), "{net}");
-    }
+    let net = &pod["network"];
+    assert_eq!(net["name"], "eth0", "{rt:?}: {pod}");
+    assert!(net["rxBytes"].is_u64() && net["txBytes"].is_u64(), "{net}");
     if std::path::Path::new("/proc/pressure/cpu").exists() {
         let summary: serde_json::Value =
             serde_json::from_str(&node_get(k, "/stats/summary")).unwrap();

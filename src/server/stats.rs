@@ -5,9 +5,9 @@
 //! its pressure stall information from `/proc/pressure`, upstream's
 //! `psi` fields), pods and containers from the runtime's cgroup readings,
 //! containers' writable layers from the runtime (`rootfs`), pods'
-//! emptyDirs on disk (`volume`), and a pod's network from one of its
-//! processes' `/proc/<pid>/net/dev` (in-process pods with a network of
-//! their own; `network`).
+//! emptyDirs on disk (`volume`), and a pod's network (`network`: CRI's
+//! sandbox stats, or in-process one of its processes' `/proc/<pid>/net/dev`
+//! when it has a network of its own).
 //!
 //! CPU rates (`usageNanoCores`) need two readings: each scrape keeps its
 //! readings, and the next one divides by the time between (upstream's
@@ -68,15 +68,8 @@ pub struct PodSample {
     pub network: Vec<Interface>,
 }
 
-/// One network interface's counters (`/proc/<pid>/net/dev`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Interface {
-    pub name: String,
-    pub rx_bytes: u64,
-    pub rx_errors: u64,
-    pub tx_bytes: u64,
-    pub tx_errors: u64,
-}
+/// One network interface's counters.
+pub type Interface = kinglet_runtime::InterfaceUsage;
 
 /// The interfaces of `/proc/<pid>/net/dev`, loopback left out.
 pub fn parse_net_dev(text: &str) -> Vec<Interface> {
@@ -270,7 +263,8 @@ impl Sampler {
                     cpu_nanos: s.cpu_usage_core_nanos,
                     working_set: s.memory_working_set_bytes,
                     volumes: Vec::new(),
-                    network: Vec::new(),
+                    // What the runtime tells (CRI); in-process, read below.
+                    network: s.network.clone(),
                 })
             })
             .collect();

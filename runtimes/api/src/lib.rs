@@ -336,6 +336,19 @@ pub struct Usage {
     /// A container's writable layer on disk (CRI `writable_layer`); 0
     /// for sandboxes and where the runtime cannot tell.
     pub writable_layer_bytes: u64,
+    /// A sandbox's network interfaces, the default first (CRI
+    /// `NetworkUsage`); empty where the runtime does not tell.
+    pub network: Vec<InterfaceUsage>,
+}
+
+/// One network interface's counters (CRI `NetworkInterfaceUsage`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceUsage {
+    pub name: String,
+    pub rx_bytes: u64,
+    pub rx_errors: u64,
+    pub tx_bytes: u64,
+    pub tx_errors: u64,
 }
 
 /// Credentials for one pull.

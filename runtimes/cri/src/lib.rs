@@ -383,6 +383,22 @@ fn unix_nanos_now() -> i64 {
         .unwrap_or(0)
 }
 
+/// A sandbox's interfaces from CRI's `NetworkUsage`, the default first.
+fn interfaces(n: proto::NetworkUsage) -> Vec<kinglet_runtime::InterfaceUsage> {
+    let v = |x: Option<proto::UInt64Value>| x.map_or(0, |x| x.value);
+    n.default_interface
+        .into_iter()
+        .chain(n.interfaces)
+        .map(|i| kinglet_runtime::InterfaceUsage {
+            name: i.name,
+            rx_bytes: v(i.rx_bytes),
+            rx_errors: v(i.rx_errors),
+            tx_bytes: v(i.tx_bytes),
+            tx_errors: v(i.tx_errors),
+        })
+        .collect()
+}
+
 fn convert_status(
     s: proto::ContainerStatus,
     pod_uid: String,
@@ -1270,6 +1286,7 @@ impl Runtime for CriRuntime {
                             .writable_layer
                             .and_then(|w| w.used_bytes)
                             .map_or(0, |v| v.value),
+                        ..Usage::default()
                     }
                 })
                 .collect())
@@ -1303,6 +1320,7 @@ impl Runtime for CriRuntime {
                             .memory
                             .and_then(|m| m.working_set_bytes)
                             .map_or(0, |v| v.value),
+                        network: linux.network.map(interfaces).unwrap_or_default(),
                         ..Usage::default()
                     }
                 })

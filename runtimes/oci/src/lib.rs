@@ -738,7 +738,7 @@ fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
         pod_uid,
         cpu_usage_core_nanos: cpu,
         memory_working_set_bytes: usage.saturating_sub(inactive),
-        writable_layer_bytes: 0,
+        ..Usage::default()
     }
 }
 
