@@ -302,17 +302,7 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     let name = unique_name("kl-reboot");
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
     k.kubeconfig_override = Some(gate.kubeconfig(&name, &dir.path().join("gated.kubeconfig")));
-    k.extra_args = [
-        "--pod-log-dir",
-        dir.path().join("logs").to_str().unwrap(),
-        "--cni-conf-dir",
-        net.conf.to_str().unwrap(),
-        "--cni-bin-dir",
-        "/usr/lib/cni:/opt/cni/bin",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    k.extra_args = net.args(&dir.path().join("logs"));
     let root = k.dir.path().join("root");
     k.set_runtime(rt);
     k.import(pods::busybox_archive());

@@ -744,19 +744,14 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         format!("kls{tag}r{ri}"),
         &format!("10.203.{}.0/24", 100 + (std::process::id() % 70) * 2 + ri),
     );
+    let args = net.args(&dir.path().join("logs"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let k = Kinglet::start_rt(
         rt,
         &unique_name("kl-stats"),
         FAST_CONFIG,
         true,
-        &[
-            "--pod-log-dir",
-            dir.path().join("logs").to_str().unwrap(),
-            "--cni-conf-dir",
-            net.conf.to_str().unwrap(),
-            "--cni-bin-dir",
-            "/usr/lib/cni:/opt/cni/bin",
-        ],
+        &args,
         &[pods::busybox_archive()],
     );
     let admin = admin().await;

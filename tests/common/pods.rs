@@ -129,6 +129,22 @@ impl BridgeNet {
         .unwrap();
         BridgeNet { conf, bridge }
     }
+
+    /// kinglet's arguments for pods on this network with their logs under
+    /// `logs`: the conflist dir, Debian's and upstream's plugin dirs.
+    pub fn args(&self, logs: &Path) -> Vec<String> {
+        let (logs, conf) = (logs.display(), self.conf.display());
+        [
+            "--pod-log-dir",
+            &logs.to_string(),
+            "--cni-conf-dir",
+            &conf.to_string(),
+        ]
+        .into_iter()
+        .chain(["--cni-bin-dir", "/usr/lib/cni:/opt/cni/bin"])
+        .map(String::from)
+        .collect()
+    }
 }
 
 impl Drop for BridgeNet {
