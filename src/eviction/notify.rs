@@ -109,3 +109,37 @@ pub fn memory_events(cg: &MemCgroup) -> std::io::Result<Source> {
     let w = crate::dirwatch::DirWatch::new(&cg.dir, crate::dirwatch::Flags::MODIFY)?;
     Ok(Source::Inotify(w))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cgroup v2 source, on a plain directory standing for the
+    /// cgroup (this host is v1): a write to `memory.events` wakes it; a v1
+    /// cgroup is refused.
+    #[tokio::test]
+    async fn memory_events_wake_on_a_write() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("memory.events");
+        std::fs::write(&file, "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n").unwrap();
+        let v2 = MemCgroup {
+            dir: d.path().to_path_buf(),
+            hierarchy: Hierarchy::V2,
+        };
+        let mut s = memory_events(&v2).unwrap();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            std::fs::write(&file, "low 0\nhigh 3\nmax 1\noom 0\noom_kill 0\n").unwrap();
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.wait())
+            .await
+            .expect("woken by the write")
+            .unwrap();
+        writer.await.unwrap();
+        let v1 = MemCgroup {
+            dir: d.path().to_path_buf(),
+            hierarchy: Hierarchy::V1,
+        };
+        assert!(memory_events(&v1).is_err());
+    }
+}
