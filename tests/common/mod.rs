@@ -380,6 +380,11 @@ impl Kinglet {
         if !self.extra_args.iter().any(|a| a == "--cni-conf-dir") {
             cmd.args(["--cni-conf-dir", ""]);
         }
+        // Nor the host's /var/log/pods: pod logs under the test's own dir
+        // unless the test names one.
+        if !self.extra_args.iter().any(|a| a == "--pod-log-dir") {
+            cmd.arg("--pod-log-dir").arg(self.dir.path().join("logs"));
+        }
         if !self.extra_args.iter().any(|a| a == "--node-ip") {
             cmd.args(["--node-ip", "127.0.0.1"]);
         }
