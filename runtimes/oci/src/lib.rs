@@ -358,13 +358,11 @@ impl OciRuntime {
         }
         let parent = parent.trim_start_matches('/');
         match detect_cgroups(&self.cgroup_root) {
-            Some(CgroupMode::V2) => {
-                let _ = std::fs::remove_dir(self.cgroup_root.join(parent));
-            }
+            Some(CgroupMode::V2) => rmdir_cgroups(&self.cgroup_root.join(parent)),
             _ => {
                 if let Ok(rd) = std::fs::read_dir(&self.cgroup_root) {
                     for e in rd.flatten() {
-                        let _ = std::fs::remove_dir(e.path().join(parent));
+                        rmdir_cgroups(&e.path().join(parent));
                     }
                 }
             }
@@ -740,6 +738,19 @@ fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
         memory_working_set_bytes: usage.saturating_sub(inactive),
         ..Usage::default()
     }
+}
+
+/// Removes the cgroup at `dir` with the empty cgroups under it, deepest
+/// first: a container's cgroup that a killed monitor left (its processes
+/// gone, its delete never run) must not keep the pod's. A cgroup with
+/// processes refuses `rmdir` and stays.
+fn rmdir_cgroups(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            rmdir_cgroups(&e.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// CNI's `portMappings` capability argument.
