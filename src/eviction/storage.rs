@@ -29,16 +29,17 @@ pub use kinglet_runtime::disk::du;
 /// written and in bytes.
 type EmptyDir = (String, PathBuf, Option<(String, u64)>);
 
-/// The pod's emptyDirs on disk.
-fn empty_dirs(pod: &Pod, uid: &str, r: &Roots) -> Vec<EmptyDir> {
-    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-    volumes
+/// The pod's emptyDirs on disk (not `medium: Memory`), under `volumes`
+/// (`<root-dir>/volumes`).
+pub fn empty_dirs(pod: &Pod, uid: &str, volumes: &Path) -> Vec<EmptyDir> {
+    let specs = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    specs
         .filter_map(|v| {
             let e = v.empty_dir.as_ref()?;
             if e.medium.as_deref() == Some("Memory") {
                 return None;
             }
-            let dir = crate::pods::convert::contained_path(&r.volumes, &[uid, &v.name])?;
+            let dir = crate::pods::convert::contained_path(volumes, &[uid, &v.name])?;
             let limit = e.size_limit.as_ref().and_then(|q| {
                 crate::config::parse_quantity(&q.0)
                     .ok()
@@ -49,15 +50,41 @@ fn empty_dirs(pod: &Pod, uid: &str, r: &Roots) -> Vec<EmptyDir> {
         .collect()
 }
 
-/// Upstream's message for the first emptyDir over its `sizeLimit`.
-pub fn over_limit(pod: &Pod, uid: &str, r: &Roots) -> Option<String> {
-    empty_dirs(pod, uid, r)
+/// An emptyDir walked: its name, `sizeLimit` (as written, in bytes),
+/// bytes used.
+type DirUse = (String, Option<(String, u64)>, u64);
+
+/// The pod's emptyDirs, each walked once.
+fn empty_dir_use(pod: &Pod, uid: &str, r: &Roots) -> Vec<DirUse> {
+    empty_dirs(pod, uid, &r.volumes)
         .into_iter()
-        .find_map(|(name, dir, limit)| {
-            let (text, bytes) = limit?;
-            (du(&dir) > bytes)
-                .then(|| format!("Usage of EmptyDir volume {name:?} exceeds the limit {text:?}. "))
-        })
+        .map(|(name, dir, limit)| (name, limit, du(&dir)))
+        .collect()
+}
+
+/// Upstream's message for the first emptyDir over its `sizeLimit`.
+#[cfg(test)]
+fn over_limit(pod: &Pod, uid: &str, r: &Roots) -> Option<String> {
+    size_limit_message(&empty_dir_use(pod, uid, r))
+}
+
+/// Upstream's message for the first emptyDir over its `sizeLimit`.
+fn size_limit_message(dirs: &[DirUse]) -> Option<String> {
+    dirs.iter().find_map(|(name, limit, used)| {
+        let (text, bytes) = limit.as_ref()?;
+        (used > bytes)
+            .then(|| format!("Usage of EmptyDir volume {name:?} exceeds the limit {text:?}. "))
+    })
+}
+
+/// A container's `ephemeral-storage` limit, if it has one.
+fn ephemeral_limit(
+    c: &k8s_openapi::api::core::v1::Container,
+) -> Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    c.resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("ephemeral-storage"))
 }
 
 /// Writable-layer bytes of a pod's containers, by container name.
@@ -72,7 +99,8 @@ pub fn limit_breach(
     r: &Roots,
     writable: &Writable,
 ) -> Option<(&'static str, String)> {
-    if let Some(m) = over_limit(pod, uid, r) {
+    let dirs = empty_dir_use(pod, uid, r);
+    if let Some(m) = size_limit_message(&dirs) {
         return Some(("emptydirfs.limit", m));
     }
     // (name, limit as written and in bytes, bytes used)
@@ -82,15 +110,10 @@ pub fn limit_breach(
         .iter()
         .flat_map(|s| s.containers.iter())
         .map(|c| {
-            let limit = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|l| l.get("ephemeral-storage"))
-                .and_then(|q| {
-                    let b = crate::config::parse_quantity(&q.0).ok()?;
-                    Some((q.0.clone(), b))
-                });
+            let limit = ephemeral_limit(c).and_then(|q| {
+                let b = crate::config::parse_quantity(&q.0).ok()?;
+                Some((q.0.clone(), b))
+            });
             let used =
                 writable.get(&c.name).copied().unwrap_or(0) + du(&container_logs(pod, r, &c.name));
             (c.name.clone(), limit, used)
@@ -99,7 +122,7 @@ pub fn limit_breach(
     let limits: Vec<&(String, u64)> = containers.iter().filter_map(|c| c.1.as_ref()).collect();
     if !limits.is_empty() {
         let total: u64 = limits.iter().map(|l| l.1).sum();
-        let dirs: u64 = empty_dirs(pod, uid, r).iter().map(|(_, d, _)| du(d)).sum();
+        let dirs: u64 = dirs.iter().map(|d| d.2).sum();
         let used = dirs + containers.iter().map(|c| c.2).sum::<u64>();
         if used > total {
             let text = match limits.as_slice() {
@@ -127,12 +150,10 @@ pub fn limit_breach(
 
 /// Whether any container of the pod has an `ephemeral-storage` limit.
 pub fn has_limit(pod: &Pod) -> bool {
-    pod.spec.iter().flat_map(|s| s.containers.iter()).any(|c| {
-        c.resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .is_some_and(|l| l.contains_key("ephemeral-storage"))
-    })
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .any(|c| ephemeral_limit(c).is_some())
 }
 
 /// A container's log dir: `<pod log dir>/<container>`.
@@ -144,7 +165,7 @@ fn container_logs(pod: &Pod, r: &Roots, container: &str) -> PathBuf {
 /// The pod's local storage in use: its emptyDirs on disk, its logs and
 /// its containers' writable layers.
 pub fn usage(pod: &Pod, uid: &str, r: &Roots, writable: &Writable) -> u64 {
-    let dirs: u64 = empty_dirs(pod, uid, r).iter().map(|(_, d, _)| du(d)).sum();
+    let dirs: u64 = empty_dir_use(pod, uid, r).iter().map(|d| d.2).sum();
     let logs = crate::pods::convert::log_directory(pod, &r.logs.display().to_string());
     dirs + du(Path::new(&logs)) + writable.values().sum::<u64>()
 }

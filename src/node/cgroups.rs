@@ -45,23 +45,8 @@ pub fn ensure_pods_cgroup(
             Ok(dir)
         }
         Hierarchy::V2 => {
-            let mut dir = mount.to_path_buf();
-            for part in rel.split('/').filter(|p| !p.is_empty()) {
-                // Children get the controllers this level has.
-                let control = dir.join("cgroup.subtree_control");
-                let have =
-                    std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
-                let want: Vec<String> = ["cpu", "memory", "pids"]
-                    .iter()
-                    .filter(|c| have.split_whitespace().any(|h| h == **c))
-                    .map(|c| format!("+{c}"))
-                    .collect();
-                if !want.is_empty() {
-                    std::fs::write(&control, want.join(" ")).map_err(err(&control))?;
-                }
-                dir.push(part);
-                std::fs::create_dir_all(&dir).map_err(err(&dir))?;
-            }
+            let dir = kinglet_runtime::podcgroup::make_v2(mount, rel, &["cpu", "memory", "pids"])
+                .map_err(err(mount))?;
             if let Some(l) = memory_limit {
                 let f = dir.join("memory.max");
                 std::fs::write(&f, l.to_string()).map_err(err(&f))?;

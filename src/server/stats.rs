@@ -301,7 +301,7 @@ impl Sampler {
                 let Some(spec) = specs.get(&p.uid) else {
                     continue;
                 };
-                p.volumes = empty_dir_usage(spec, &volume_root.join(&p.uid));
+                p.volumes = empty_dir_usage(spec, &p.uid, &volume_root);
                 let own_net = spec
                     .spec
                     .as_ref()
@@ -454,45 +454,20 @@ impl Sampler {
     }
 }
 
-/// The pod's emptyDirs on disk (not `medium: Memory`): name, bytes and
-/// inodes used.
+/// The pod's emptyDirs on disk (eviction's own list of them), each walked
+/// once: name, bytes and inodes used.
 fn empty_dir_usage(
     pod: &k8s_openapi::api::core::v1::Pod,
-    dir: &std::path::Path,
+    uid: &str,
+    volumes: &std::path::Path,
 ) -> Vec<(String, u64, u64)> {
-    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-    volumes
-        .filter(|v| {
-            v.empty_dir
-                .as_ref()
-                .is_some_and(|e| e.medium.as_deref() != Some("Memory"))
-        })
-        .filter_map(|v| {
-            let d = crate::pods::convert::contained_child(dir, &v.name)?;
-            let inodes = walk_count(&d);
-            Some((v.name.clone(), kinglet_runtime::disk::du(&d), inodes))
+    crate::eviction::storage::empty_dirs(pod, uid, volumes)
+        .into_iter()
+        .map(|(name, dir, _)| {
+            let u = kinglet_runtime::disk::usage(&dir);
+            (name, u.bytes, u.inodes)
         })
         .collect()
-}
-
-/// Entries under `dir`, itself included (bounded as `du` is).
-fn walk_count(dir: &std::path::Path) -> u64 {
-    let mut n = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        n += 1;
-        if n > 100_000 {
-            break;
-        }
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                stack.push(e.path());
-            } else {
-                n += 1;
-            }
-        }
-    }
-    n
 }
 
 /// Label values escaped as the Prometheus text format wants.

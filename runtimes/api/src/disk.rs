@@ -7,15 +7,32 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+/// What a tree takes: disk blocks in bytes, and inodes (entries, the tree
+/// itself included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Use {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
 /// Disk blocks under `dir`, in bytes, on `dir`'s filesystem only; at most
-/// `limit` entries are visited (a pod cannot make the walk endless).
+/// `LIMIT` entries are visited (a pod cannot make the walk endless).
 pub fn du(dir: &Path) -> u64 {
+    usage(dir).bytes
+}
+
+/// Blocks and inodes under `dir` in one walk, as [`du`] counts them.
+pub fn usage(dir: &Path) -> Use {
     const LIMIT: usize = 100_000;
     let Ok(top) = std::fs::symlink_metadata(dir) else {
-        return 0;
+        return Use::default();
     };
     let dev = top.dev();
-    let (mut total, mut seen) = (top.blocks() * 512, 0usize);
+    let mut total = Use {
+        bytes: top.blocks() * 512,
+        inodes: 1,
+    };
+    let mut seen = 0usize;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
@@ -32,7 +49,8 @@ pub fn du(dir: &Path) -> u64 {
             if m.dev() != dev {
                 continue;
             }
-            total += m.blocks() * 512;
+            total.bytes += m.blocks() * 512;
+            total.inodes += 1;
             if m.is_dir() {
                 stack.push(e.path());
             }

@@ -4,6 +4,8 @@
 //! `pids.max` (`podPidsLimit`), so a fork bomb spread over a pod's
 //! containers is bounded as a whole. Both runtimes call it before making a
 //! sandbox; the pod cgroup goes with the sandbox, as before.
+//! [`make_v2`] is also how kinglet makes the pods' own cgroup on v2
+//! (`node::cgroups`): each level enabling the controllers below it.
 
 use std::path::{Path, PathBuf};
 
@@ -20,20 +22,7 @@ pub fn set_pids_limit(root: &Path, parent: &str, limit: i64) -> std::io::Result<
         ));
     }
     let dir = if root.join("cgroup.controllers").exists() {
-        let mut dir = root.to_path_buf();
-        for part in rel.split('/').filter(|p| !p.is_empty()) {
-            let have = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
-            if have.split_whitespace().any(|c| c == "pids") {
-                let control = dir.join("cgroup.subtree_control");
-                let on = std::fs::read_to_string(&control).unwrap_or_default();
-                if !on.split_whitespace().any(|c| c == "pids") {
-                    std::fs::write(&control, "+pids").map_err(|e| context(&control, e))?;
-                }
-            }
-            dir.push(part);
-            std::fs::create_dir_all(&dir).map_err(|e| context(&dir, e))?;
-        }
-        dir
+        make_v2(root, rel, &["pids"])?
     } else {
         let dir = root.join("pids").join(rel);
         std::fs::create_dir_all(&dir).map_err(|e| context(&dir, e))?;
@@ -41,6 +30,30 @@ pub fn set_pids_limit(root: &Path, parent: &str, limit: i64) -> std::io::Result<
     };
     let f = dir.join("pids.max");
     std::fs::write(&f, limit.to_string()).map_err(|e| context(&f, e))?;
+    Ok(dir)
+}
+
+/// Makes the cgroup v2 path `rel` under `root`, level by level, each
+/// level enabling for its children those of `want` it has and has not
+/// enabled yet (a controller's files appear in a child only so).
+pub fn make_v2(root: &Path, rel: &str, want: &[&str]) -> std::io::Result<PathBuf> {
+    let mut dir = root.to_path_buf();
+    for part in rel.split('/').filter(|p| !p.is_empty()) {
+        let have = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        let control = dir.join("cgroup.subtree_control");
+        let on = std::fs::read_to_string(&control).unwrap_or_default();
+        let add: Vec<String> = want
+            .iter()
+            .filter(|c| have.split_whitespace().any(|h| h == **c))
+            .filter(|c| !on.split_whitespace().any(|o| o == **c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if !add.is_empty() {
+            std::fs::write(&control, add.join(" ")).map_err(|e| context(&control, e))?;
+        }
+        dir.push(part);
+        std::fs::create_dir_all(&dir).map_err(|e| context(&dir, e))?;
+    }
     Ok(dir)
 }
 
