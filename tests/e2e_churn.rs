@@ -69,7 +69,11 @@ fn requests_per_deletion(node: &str, prefix: &str) -> BTreeMap<String, usize> {
             .to_string();
         if e["user"]["username"] == user.as_str() {
             node_reqs.push((name.to_string(), at));
-        } else if e["verb"] == "delete" {
+        } else if e["verb"] == "delete"
+            && e["responseStatus"]["code"]
+                .as_u64()
+                .is_some_and(|c| c < 300)
+        {
             deleted_at.entry(name.to_string()).or_insert(at);
         }
     }
@@ -90,12 +94,44 @@ async fn scale(d: &Api<Deployment>, name: &str, n: usize) {
         .unwrap();
 }
 
+/// Waits up to 2 minutes for the listed pods to satisfy `f`; on a timeout,
+/// says where each pod stood (the failure's cause, not just its symptom).
 async fn wait_pods(pods: &Api<Pod>, lp: &ListParams, what: &str, f: impl Fn(&[Pod]) -> bool) {
-    wait_for(what, Duration::from_secs(120), || async {
-        let l = pods.list(lp).await.ok()?;
-        f(&l.items).then_some(())
+    let t = std::time::Instant::now();
+    let done = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            if let Ok(l) = pods.list(lp).await
+                && f(&l.items)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     })
     .await;
+    if done.is_ok() {
+        eprintln!("churn: {what} after {:?}", t.elapsed());
+        return;
+    }
+    let l = pods.list(lp).await.map(|l| l.items).unwrap_or_default();
+    for p in &l {
+        let st = p.status.as_ref();
+        eprintln!(
+            "  {} phase={:?} deleting={} waiting={:?}",
+            p.metadata.name.as_deref().unwrap_or(""),
+            st.and_then(|s| s.phase.as_deref()),
+            p.metadata.deletion_timestamp.is_some(),
+            st.and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.first())
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.as_ref())
+                .and_then(|w| w.reason.as_deref()),
+        );
+    }
+    panic!(
+        "timed out after 120 s waiting for {what} ({} pods listed)",
+        l.len()
+    );
 }
 
 #[tokio::test]
@@ -279,10 +315,21 @@ async fn churn_deletes_each_pod_once_and_memory_stays_flat() {
         most_per_deletion <= 2,
         "a deletion cost the node {most_per_deletion} requests: {per_deletion:?}"
     );
-    assert_eq!(
-        per_deletion.len(),
-        deleted,
-        "every deletion seen in the audit log"
+    // The ReplicaSet controller may create and delete a pod of its own
+    // (around the apiserver restart its cache is stale): such a pod, if
+    // never bound, is gone at once and costs the node nothing. Every bound
+    // pod that was deleted waits for the node's DELETE, so it is counted.
+    let bound_deleted = per_deletion.values().filter(|n| **n > 0).count();
+    let unbound: Vec<&String> = per_deletion
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(p, _)| p)
+        .collect();
+    eprintln!("deleted with no node request (never bound here): {unbound:?}");
+    assert!(
+        per_deletion.len() >= deleted,
+        "every deletion seen in the audit log: {} of {deleted}",
+        per_deletion.len()
     );
     assert!(
         most_deletes <= 2,
@@ -297,7 +344,11 @@ async fn churn_deletes_each_pod_once_and_memory_stays_flat() {
         per_uid.values().all(|n| *n == 1),
         "a pod was removed more than once: {per_uid:?}"
     );
-    assert_eq!(removed.len(), deleted, "every deleted pod is removed once");
+    assert_eq!(
+        removed.len(),
+        bound_deleted,
+        "every deleted pod that ran here is removed once"
+    );
     // A guard against the gigabyte growth, not a measurement: the figure
     // line above is the measurement.
     assert!(
