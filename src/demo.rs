@@ -3,6 +3,8 @@
 //! import directory, writes a static pod that runs `kinglet demo-app` from
 //! that image, and runs the agent standalone. `kinglet demo-app` is the
 //! tiny program inside: a line a few seconds, a clean exit on SIGTERM.
+//! Its files stay under its root dir, and on Ctrl-C its pod and the
+//! monitor go with the agent.
 
 use std::io::Write;
 use std::path::Path;
@@ -161,6 +163,19 @@ pub fn prepare(root: &Path) -> anyhow::Result<std::path::PathBuf> {
         ),
     )?;
     Ok(config)
+}
+
+/// Keeps the demo's files under its root dir: the CNI conflist kinglet
+/// installs and the pod logs go there unless the flags name other dirs
+/// (the agent's defaults are the host's `/etc/cni/net.d` and
+/// `/var/log/pods`).
+pub fn keep_under_root(flags: &mut crate::config::flags::Flags) {
+    if flags.cni_conf_dir == "/etc/cni/net.d" {
+        flags.cni_conf_dir = flags.root_dir.join("cni/net.d").display().to_string();
+    }
+    if flags.pod_log_dir == Path::new("/var/log/pods") {
+        flags.pod_log_dir = flags.root_dir.join("logs");
+    }
 }
 
 /// The program inside the demo image.

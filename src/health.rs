@@ -2,7 +2,8 @@
 //! answered from heartbeats: `syncloop`, which the node status loop beats
 //! every round, and `PLEG`, which the pod relist beats (stale after
 //! upstream's 3 minutes), so a wedged loop shows up as unhealthy rather
-//! than a cheerful `ok`.
+//! than a cheerful `ok`. The same checks gate systemd's watchdog: kinglet
+//! pings `WATCHDOG=1` only while every one of them is healthy.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -143,5 +144,46 @@ mod tests {
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
         stop.cancel();
         task.await.unwrap();
+    }
+}
+
+/// The interval systemd expects watchdog pings at (`WatchdogSec=` gives
+/// `WATCHDOG_USEC`, and `WATCHDOG_PID` when it is meant for one process).
+pub fn watchdog_interval() -> Option<Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Ok(pid) = std::env::var("WATCHDOG_PID")
+        && pid.parse::<u32>().ok() != Some(std::process::id())
+    {
+        return None;
+    }
+    (usec > 0).then(|| Duration::from_micros(usec))
+}
+
+/// Pings systemd's watchdog at half its interval while every check is
+/// healthy; a wedged loop stops the pings and systemd restarts kinglet
+/// (`KillMode=process`: the pods keep running and are re-adopted).
+pub async fn watchdog(
+    checks: Checks,
+    interval: Duration,
+    notify: fn(&str),
+    stop: CancellationToken,
+) {
+    let mut was_healthy = true;
+    loop {
+        let failed: Vec<&str> = checks
+            .iter()
+            .filter(|(_, hb)| !hb.healthy())
+            .map(|(n, _)| *n)
+            .collect();
+        if failed.is_empty() {
+            notify("WATCHDOG=1");
+        } else if was_healthy {
+            tracing::warn!(?failed, "unhealthy: systemd watchdog pings stopped");
+        }
+        was_healthy = failed.is_empty();
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval / 2) => {}
+        }
     }
 }

@@ -34,6 +34,10 @@ pub struct Kubelet {
     image_gc: Option<Arc<tokio::sync::Mutex<pods::image_gc::ImageGc>>>,
     /// Where image GC finds the node's pods (their images are pinned).
     gc_pods: Option<Arc<std::sync::OnceLock<pods::StatusView>>>,
+    /// The runtime, and the in-process one itself when it is that: only
+    /// [`Kubelet::wait_then_remove_pods`] (the demo's end) uses them.
+    runtime: Option<Arc<dyn Runtime>>,
+    oci: Option<Arc<kinglet_runtime_oci::OciRuntime>>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -76,8 +80,11 @@ impl Kubelet {
             pressure: Arc::default(),
             image_gc: None,
             gc_pods: None,
+            runtime: None,
+            oci: None,
         };
         let started = k.start_runtime(&s).await?;
+        k.runtime = Some(started.runtime.clone());
         let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
         let client = k.api_client(&s, &metrics).await?;
         let host = Host {
@@ -109,9 +116,10 @@ impl Kubelet {
         let log_max_files = cfg.container_log_max_files.max(2) as u32;
         if s.runtime == RuntimeKind::Oci {
             let store = images::open_store(&s.root_dir, &s.image_limits)?;
-            let runtime = start_oci(s, store.clone(), log_max_size, log_max_files).await?;
+            let oci = start_oci(s, store.clone(), log_max_size, log_max_files).await?;
+            self.oci = Some(oci.clone());
             return Ok(Started {
-                runtime,
+                runtime: oci,
                 id_scheme: format!("{}://", kinglet_runtime_oci::RUNTIME_NAME),
                 store: Some(store),
             });
@@ -512,6 +520,16 @@ impl Kubelet {
         checks: Vec<(&'static str, health::Heartbeat)>,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
+        let checks = Arc::new(checks);
+        if let Some(every) = health::watchdog_interval() {
+            info!(interval = ?every, "systemd watchdog on");
+            self.spawn(health::watchdog(
+                checks.clone(),
+                every,
+                crate::notify_systemd,
+                self.shutdown.clone(),
+            ));
+        }
         if cfg.healthz_port == 0 {
             return Ok(());
         }
@@ -524,11 +542,7 @@ impl Kubelet {
             .await
             .with_context(|| format!("cannot listen on {addr} for /healthz"))?;
         info!(%addr, "serving /healthz");
-        self.spawn(health::serve(
-            listener,
-            Arc::new(checks),
-            self.shutdown.clone(),
-        ));
+        self.spawn(health::serve(listener, checks, self.shutdown.clone()));
         Ok(())
     }
 
@@ -595,6 +609,26 @@ impl Kubelet {
                 }
             }
         });
+    }
+
+    /// Runs as [`Kubelet::wait`], then stops and removes every pod the
+    /// runtime runs and the in-process runtime's monitor: the demo ends
+    /// with nothing left running. (A node agent leaves its pods running
+    /// across its own restarts, as upstream's kubelet does.)
+    pub async fn wait_then_remove_pods(mut self) -> anyhow::Result<()> {
+        let runtime = self.runtime.take();
+        let oci = self.oci.take();
+        self.wait().await?;
+        let Some(runtime) = runtime else {
+            return Ok(());
+        };
+        info!("removing every pod");
+        remove_all_pods(&*runtime).await?;
+        if let Some(oci) = oci {
+            oci.stop_monitor().await.context("stopping the monitor")?;
+        }
+        info!("every pod removed; the monitor stopped");
+        Ok(())
     }
 
     /// Runs until SIGTERM or SIGINT, then stops every task.
@@ -702,7 +736,7 @@ async fn start_oci(
     store: Arc<kinglet_runtime_oci::images::ImageStore>,
     log_max_size: u64,
     log_max_files: u32,
-) -> anyhow::Result<Arc<dyn Runtime>> {
+) -> anyhow::Result<Arc<kinglet_runtime_oci::OciRuntime>> {
     // A bad registry configuration is a start-up error, like a bad config.
     let puller = Arc::new(images::puller(store, &s.registry_config)?);
     let mut oci = kinglet_runtime_oci::OciRuntime::new(
@@ -739,4 +773,24 @@ async fn start_oci(
         warn!(error = %e, "the container monitor did not start");
     }
     Ok(Arc::new(oci))
+}
+
+/// Stops (grace 5 s), then removes every container and sandbox `runtime`
+/// knows.
+async fn remove_all_pods(runtime: &dyn Runtime) -> anyhow::Result<()> {
+    let grace = Duration::from_secs(5);
+    let containers = runtime.list_containers().await?;
+    let stops = containers
+        .iter()
+        .map(|c| runtime.stop_container(&c.id, grace));
+    for r in futures::future::join_all(stops).await {
+        r?;
+    }
+    for c in &containers {
+        runtime.remove_container(&c.id).await?;
+    }
+    for sb in runtime.list_pod_sandboxes().await? {
+        runtime.remove_pod_sandbox(&sb.id).await?;
+    }
+    Ok(())
 }

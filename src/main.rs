@@ -86,11 +86,12 @@ fn main() -> ExitCode {
                 );
                 flags.config = Some(cfg);
                 flags.kubeconfig = None;
-                agent(flags)
+                demo::keep_under_root(&mut flags);
+                agent(flags, true)
             }
             Err(e) => exit("kinglet demo", Err(format!("{e:#}"))),
         },
-        None => agent(flags),
+        None => agent(flags, false),
     }
 }
 
@@ -123,8 +124,8 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow
 
 /// The node agent: settings from flags and config (exiting with a message
 /// naming the field on bad input, before any API call), then the kubelet
-/// until SIGTERM.
-fn agent(flags: Flags) -> ExitCode {
+/// until SIGTERM; with `remove_pods` (the demo), the pods go with it.
+fn agent(flags: Flags, remove_pods: bool) -> ExitCode {
     install_tls();
     let mut warnings = Vec::new();
     let hostname = || sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into());
@@ -136,7 +137,15 @@ fn agent(flags: Flags) -> ExitCode {
     for w in warnings {
         warn!("{w}");
     }
-    match block_on(async { kubelet::Kubelet::start(settings).await?.wait().await }) {
+    let run = async {
+        let k = kubelet::Kubelet::start(settings).await?;
+        if remove_pods {
+            k.wait_then_remove_pods().await
+        } else {
+            k.wait().await
+        }
+    };
+    match block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e:#}");
@@ -171,11 +180,30 @@ fn init_logging(cfg: &config::Logging) {
         tracing_subscriber::registry()
             .with(fmt.json().with_filter(filter))
             .init();
+    } else if under_journald() {
+        // The journal stamps every line itself: a second time is noise.
+        tracing_subscriber::registry()
+            .with(fmt.without_time().with_filter(filter))
+            .init();
     } else {
         tracing_subscriber::registry()
             .with(fmt.with_filter(filter))
             .init();
     }
+}
+
+/// Whether stderr is the journal's stream (systemd sets `JOURNAL_STREAM`
+/// to its `device:inode`; a child that inherited the variable but not the
+/// stream does not match).
+fn under_journald() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Ok(m) = std::fs::metadata("/proc/self/fd/2") else {
+        return false;
+    };
+    v.to_str() == Some(&format!("{}:{}", m.dev(), m.ino()))
 }
 
 /// Tells systemd (Type=notify) about our state; a no-op outside systemd.

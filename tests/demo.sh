@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
 # kinglet's main job on this machine, set up from nothing, offline (as
-# root): builds the static kinglet, then runs `kinglet demo`: standalone (no
-# API server), it packs itself into a demo image, imports it, and runs a
-# static pod from it until Ctrl-C. In another shell:
+# root): installs only what kinglet itself needs (the CNI plugins and
+# iptables its pods' network uses; the Rust musl target and zig as the
+# cross linker, through cross/build.sh), builds the static kinglet, then
+# runs `kinglet demo`: standalone (no API server), it packs itself into a
+# demo image, imports it, and runs a static pod from it until Ctrl-C, which
+# stops the pod and everything it ran. The control plane and the upstream
+# kubelet are built only by the test and bench commands. In another shell:
 #   target/<arch>-unknown-linux-musl/release/kinglet --root-dir /var/lib/kinglet-demo pods ls
-#   tail -f /var/log/pods/default_demo-*/hello/0.log
+#   tail -f /var/lib/kinglet-demo/logs/default_demo-*/hello/0.log
+# Every file it writes is under that root dir (KINGLET_DEMO_ROOT); remove
+# the dir to forget the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tests/setup.sh
+need=()
+for p in file iptables containernetworking-plugins; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "demo: apt-get install ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
 target=$(uname -m)-unknown-linux-musl
 cross/build.sh "$target"
 root=${KINGLET_DEMO_ROOT:-/var/lib/kinglet-demo}

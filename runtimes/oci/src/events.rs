@@ -46,6 +46,13 @@ impl Events {
         *task = Some(tokio::spawn(task_fut).abort_handle());
     }
 
+    /// Stops following (and so restarting) the monitor.
+    pub fn stop(&self) {
+        if let Some(t) = self.task.lock().ok().and_then(|mut t| t.take()) {
+            t.abort();
+        }
+    }
+
     /// Notified (with a stored permit) whenever a container changed.
     pub fn changes(&self) -> Arc<Notify> {
         self.changes.clone()
@@ -59,9 +66,7 @@ impl Events {
 
 impl Drop for Events {
     fn drop(&mut self) {
-        if let Some(t) = self.task.lock().ok().and_then(|mut t| t.take()) {
-            t.abort();
-        }
+        self.stop();
     }
 }
 

@@ -271,6 +271,24 @@ impl OciRuntime {
         Ok(())
     }
 
+    /// Stops the monitor, which must run no container any more (the
+    /// demo's end: a node agent leaves it running, so pods outlive the
+    /// agent). Following its events stops first, or that would start a
+    /// new monitor.
+    pub async fn stop_monitor(&self) -> Result<(), RuntimeError> {
+        self.events.stop();
+        // The monitor exits before it answers: the call's end is no error.
+        if let Err(monitor::MonitorError::Failed(m)) =
+            self.monitor.call(&monitor::Request::Exit).await
+        {
+            return Err(RuntimeError::Other(m));
+        }
+        if self.monitor.ping().await {
+            return Err(RuntimeError::Other("the monitor still runs".into()));
+        }
+        Ok(())
+    }
+
     /// Removes what a crash of kinglet between making a container's bundle
     /// and handing it to the monitor left behind: container dirs (and their
     /// rootfs mounts) the monitor has no record of and that record no start
