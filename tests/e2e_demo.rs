@@ -13,20 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn static_kinglet() -> PathBuf {
-    let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target")
-        .join(&target)
-        .join("release/kinglet");
-    assert!(
-        bin.exists(),
-        "{} is missing: run cross/build.sh {target} first (tests/run.sh does)",
-        bin.display()
-    );
-    bin
-}
-
 fn listing(dir: &str) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .into_iter()
@@ -78,7 +64,7 @@ impl Drop for Demo {
 
 #[test]
 fn the_demo_runs_offline_and_ctrl_c_leaves_nothing_behind() {
-    let bin = static_kinglet();
+    let bin = common::static_kinglet();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("demo-root");
     let cni_before = listing("/etc/cni/net.d");

@@ -64,6 +64,23 @@ pub fn cluster_up_again() {
     run_script("up.sh", &[]);
 }
 
+/// The static kinglet for this machine's architecture, as `tests/demo.sh`
+/// and the packages build it (`cross/build.sh`, which `tests/run.sh` runs
+/// before the tests).
+pub fn static_kinglet() -> PathBuf {
+    let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(&target)
+        .join("release/kinglet");
+    assert!(
+        bin.exists(),
+        "{} is missing: run cross/build.sh {target} first (tests/run.sh does)",
+        bin.display()
+    );
+    bin
+}
+
 /// The pid of a running control-plane component.
 pub fn component_pid(name: &str) -> i32 {
     let p = cluster_dir().join("pids").join(format!("{name}.pid"));
