@@ -236,3 +236,156 @@ fn the_unit_passes_systemd_analyze_verify() {
         "systemd-analyze verify warns about the unit: {err}"
     );
 }
+
+/// A shell line run in a named network namespace with no route out and a
+/// mount namespace of its own, where `/etc`, `/var/log`, `/opt` and
+/// `/usr/bin` are overlays whose upper dirs are under `fs` (the host's
+/// stay untouched) and `/var/lib/kinglet` is `fs/state`: a fresh machine
+/// with no network, as far as kinglet can tell.
+fn offline_machine_script(fs: &Path, line: &str) -> String {
+    let mut s = String::from("set -e\n");
+    for (i, d) in ["/etc", "/var/log", "/opt", "/usr/bin", "/var/lib"]
+        .iter()
+        .enumerate()
+    {
+        let (u, w) = (fs.join(format!("o{i}/u")), fs.join(format!("o{i}/w")));
+        std::fs::create_dir_all(&u).unwrap();
+        std::fs::create_dir_all(&w).unwrap();
+        s += &format!(
+            "mount -t overlay overlay -o lowerdir={d},upperdir={},workdir={} {d}\n",
+            u.display(),
+            w.display()
+        );
+    }
+    // Container rootfs overlays cannot have their upper dirs on an
+    // overlay: kinglet's state is a plain dir.
+    std::fs::create_dir_all(fs.join("state")).unwrap();
+    s += &format!(
+        "mkdir -p /var/lib/kinglet && mount --bind {} /var/lib/kinglet\n",
+        fs.join("state").display()
+    );
+    s += line;
+    s
+}
+
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = tmp.path().join("bundled.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: bundled\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: c\n    image: kinglet.test/busybox:1\n    imagePullPolicy: IfNotPresent\n    command: [sh, -c, 'echo bundled pod up; ip route; sleep 3600']\n",
+    )
+    .unwrap();
+    let out = run(Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/bundle/build.sh"
+    ))
+    .arg("amd64")
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .env("KINGLET_BIN", common::static_kinglet())
+    .env(
+        "KINGLET_BUNDLE_IMAGES",
+        common::pods::busybox_archive(),
+    )
+    .env("KINGLET_BUNDLE_MANIFESTS", &manifest));
+    let bundle = Path::new(env!("CARGO_MANIFEST_DIR")).join(out.split(':').next().unwrap().trim());
+    eprintln!(
+        "figure: air-gap bundle (amd64, with busybox) {} bytes",
+        std::fs::metadata(&bundle).unwrap().len()
+    );
+    let x = tmp.path().join("x");
+    std::fs::create_dir(&x).unwrap();
+    run(Command::new("tar").arg("-C").arg(&x).arg("-xzf").arg(&bundle));
+    let dir = std::fs::read_dir(&x).unwrap().next().unwrap().unwrap().path();
+
+    let ns = format!("kl-bundle-{}", std::process::id());
+    run(Command::new("ip").args(["netns", "add", &ns]));
+    struct Ns(String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _ns = Ns(ns.clone());
+    run(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]));
+    let fs = tmp.path().join("fs");
+    let state = fs.join("state");
+    let line = format!(
+        "{}/install.sh\nexec /usr/bin/kinglet --config /etc/kinglet/config.yaml",
+        dir.display()
+    );
+    let script = offline_machine_script(&fs, &line);
+    let t0 = Instant::now();
+    let log = tmp.path().join("kinglet.log");
+    // nsenter, not `ip netns exec`: that remounts /sys, and the cgroup
+    // hierarchies mounted under it would be gone.
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{ns}"))
+        .args(["unshare", "-m", "--propagation", "private"])
+        .args(["sh", "-c", &script])
+        .stdout(std::fs::File::create(tmp.path().join("install.out")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Agent(std::process::Child, PathBuf);
+    impl Drop for Agent {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            common::pods::cleanup_root(&self.1);
+        }
+    }
+    let mut agent = Agent(child, state.clone());
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    // The pod's log, in the /var/log overlay's upper dir.
+    let pod_log = || -> Option<String> {
+        let pods = fs.join("o1/u/pods");
+        let d = std::fs::read_dir(&pods)
+            .ok()?
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("default_bundled-"))?;
+        std::fs::read_to_string(d.path().join("c/0.log")).ok()
+    };
+    while !pod_log().is_some_and(|l| l.contains("bundled pod up")) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "the bundled static pod logged nothing in 90 s\n{}",
+            agent_log()
+        );
+        assert!(
+            agent.0.try_wait().unwrap().is_none(),
+            "install or kinglet exited\n{}\n{}",
+            std::fs::read_to_string(tmp.path().join("install.out")).unwrap_or_default(),
+            agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "figure: air-gap bundle: install to the bundled static pod's first log line {} ms, offline",
+        t0.elapsed().as_millis()
+    );
+    let installed = std::fs::read_to_string(tmp.path().join("install.out")).unwrap();
+    assert!(installed.contains("kinglet installed"), "{installed}");
+    // Installed where it says, with the modes it says.
+    assert_eq!(mode(&fs.join("o0/u/kinglet/config.yaml")), (0o600, 0, 0));
+    assert_eq!(mode(&fs.join("o0/u/kinglet/manifests/bundled.yaml")).0, 0o600);
+    assert_eq!(mode(&fs.join("o3/u/kinglet")).0, 0o755);
+    assert_eq!(mode(&fs.join("o2/u/cni/bin/bridge")).0, 0o755);
+    assert!(fs.join("o0/u/cni/net.d/10-kinglet.conflist").exists());
+    // Offline indeed: the machine has no route out (the pod's default
+    // route leads to its bridge, which leads nowhere).
+    let routes = run(Command::new("ip").args(["-n", &ns, "route"]));
+    assert!(!routes.contains("default"), "a route out: {routes}");
+    let ls = run(Command::new(common::static_kinglet())
+        .arg("--root-dir")
+        .arg(&state)
+        .args(["pods", "ls"]));
+    assert!(
+        ls.lines().any(|l| l.contains("bundled") && l.contains("Running")),
+        "pods ls: {ls}"
+    );
+    let _ = agent.0.kill();
+}
