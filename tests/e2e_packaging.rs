@@ -286,10 +286,7 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     .arg("amd64")
     .current_dir(env!("CARGO_MANIFEST_DIR"))
     .env("KINGLET_BIN", common::static_kinglet())
-    .env(
-        "KINGLET_BUNDLE_IMAGES",
-        common::pods::busybox_archive(),
-    )
+    .env("KINGLET_BUNDLE_IMAGES", common::pods::busybox_archive())
     .env("KINGLET_BUNDLE_MANIFESTS", &manifest));
     let bundle = Path::new(env!("CARGO_MANIFEST_DIR")).join(out.split(':').next().unwrap().trim());
     eprintln!(
@@ -298,8 +295,17 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     );
     let x = tmp.path().join("x");
     std::fs::create_dir(&x).unwrap();
-    run(Command::new("tar").arg("-C").arg(&x).arg("-xzf").arg(&bundle));
-    let dir = std::fs::read_dir(&x).unwrap().next().unwrap().unwrap().path();
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&x)
+        .arg("-xzf")
+        .arg(&bundle));
+    let dir = std::fs::read_dir(&x)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
 
     let ns = format!("kl-bundle-{}", std::process::id());
     run(Command::new("ip").args(["netns", "add", &ns]));
@@ -343,10 +349,11 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     // The pod's log, in the /var/log overlay's upper dir.
     let pod_log = || -> Option<String> {
         let pods = fs.join("o1/u/pods");
-        let d = std::fs::read_dir(&pods)
-            .ok()?
-            .flatten()
-            .find(|e| e.file_name().to_string_lossy().starts_with("default_bundled-"))?;
+        let d = std::fs::read_dir(&pods).ok()?.flatten().find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("default_bundled-")
+        })?;
         std::fs::read_to_string(d.path().join("c/0.log")).ok()
     };
     while !pod_log().is_some_and(|l| l.contains("bundled pod up")) {
@@ -371,7 +378,10 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     assert!(installed.contains("kinglet installed"), "{installed}");
     // Installed where it says, with the modes it says.
     assert_eq!(mode(&fs.join("o0/u/kinglet/config.yaml")), (0o600, 0, 0));
-    assert_eq!(mode(&fs.join("o0/u/kinglet/manifests/bundled.yaml")).0, 0o600);
+    assert_eq!(
+        mode(&fs.join("o0/u/kinglet/manifests/bundled.yaml")).0,
+        0o600
+    );
     assert_eq!(mode(&fs.join("o3/u/kinglet")).0, 0o755);
     assert_eq!(mode(&fs.join("o2/u/cni/bin/bridge")).0, 0o755);
     assert!(fs.join("o0/u/cni/net.d/10-kinglet.conflist").exists());
@@ -384,7 +394,8 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
         .arg(&state)
         .args(["pods", "ls"]));
     assert!(
-        ls.lines().any(|l| l.contains("bundled") && l.contains("Running")),
+        ls.lines()
+            .any(|l| l.contains("bundled") && l.contains("Running")),
         "pods ls: {ls}"
     );
     let _ = agent.0.kill();
