@@ -398,5 +398,84 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
             .any(|l| l.contains("bundled") && l.contains("Running")),
         "pods ls: {ls}"
     );
+
+    // Upgrade while the pod runs, then roll back: as systemd would, the
+    // agent is stopped (SIGTERM) and the installed binary started again,
+    // in the same machine (its mount and network namespaces).
+    let running = || -> Vec<(String, i64)> {
+        let sock = state.join("runtime/oci/monitor/monitor.sock");
+        let list = common::monitor_call(&sock, r#"{"op":"list"}"#).unwrap_or_default();
+        let mut v: Vec<(String, i64)> = list["records"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|r| r["status"] == "running")
+            .map(|r| {
+                (
+                    r["id"].as_str().unwrap_or("").to_string(),
+                    r["pid"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let before = running();
+    assert_eq!(before.len(), 1, "one running container: {before:?}");
+    let pid = agent.0.id();
+    let mnt = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let mnt = format!(
+        "--mount=/proc/{}/fd/{}",
+        std::process::id(),
+        std::os::fd::AsRawFd::as_raw_fd(&mnt)
+    );
+    let net = format!("--net=/run/netns/{ns}");
+    let on_machine = |cmd: &str| run(Command::new("nsenter").args([&mnt, &net, "sh", "-c", cmd]));
+    let restart = |agent: &mut Agent, log: &str| {
+        // SAFETY: kill(2) on the agent we started.
+        unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+        let _ = agent.0.wait();
+        agent.0 = Command::new("nsenter")
+            .args([&mnt, &net])
+            .args(["/usr/bin/kinglet", "--config", "/etc/kinglet/config.yaml"])
+            .stderr(std::fs::File::create(tmp.path().join(log)).unwrap())
+            .spawn()
+            .unwrap();
+        // Up: its pod workers started before /healthz listens.
+        let t = Instant::now();
+        while !std::fs::read_to_string(tmp.path().join(log))
+            .unwrap_or_default()
+            .contains("serving /healthz")
+        {
+            assert!(t.elapsed() < Duration::from_secs(30), "{log}: not up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let settle = |what: &str| {
+        // Its workers' first syncs (which would restart a container they
+        // did not adopt) are done well within this.
+        std::thread::sleep(Duration::from_secs(5));
+        assert_eq!(running(), before, "{what}: the container changed");
+        let log = pod_log().unwrap_or_default();
+        assert_eq!(
+            log.matches("bundled pod up").count(),
+            1,
+            "{what}: the container started again: {log}"
+        );
+    };
+    let up = on_machine(&format!("{}/install.sh", dir.display()));
+    assert!(up.contains("kinglet installed"), "{up}");
+    assert!(
+        fs.join("o3/u/kinglet.bak").exists(),
+        "the previous binary kept"
+    );
+    restart(&mut agent, "kinglet-upgraded.log");
+    settle("upgrade");
+    let back = on_machine(&format!("{}/uninstall.sh --rollback", dir.display()));
+    assert!(back.contains("rolled back"), "{back}");
+    assert!(!fs.join("o3/u/kinglet.bak").exists());
+    restart(&mut agent, "kinglet-rolled-back.log");
+    settle("rollback");
     let _ = agent.0.kill();
 }
