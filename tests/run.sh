@@ -26,6 +26,9 @@ for t in x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linu
 done
 qemu-aarch64-static target/aarch64-unknown-linux-musl/release/kinglet --version
 tests/cross-smoke.sh qemu-arm-static target/armv7-unknown-linux-musleabihf/release/kinglet
+echo "== the Yocto layer (packaging/yocto/check.py: no bitbake here)"
+packaging/yocto/prepare.sh
+python3 packaging/yocto/check.py
 
 echo "== tests (unit and end to end)"
 # One test binary at a time (cargo's default); within a binary, tests share
