@@ -26,6 +26,11 @@ if ! rustup target list --installed | grep -qx "$target" && ! rustup target add 
   rustup toolchain list | grep -q "^$NIGHTLY" ||
     rustup toolchain install "$NIGHTLY" --profile minimal -c rust-src >&2
   build=(cargo "+$NIGHTLY" zigbuild -Zbuild-std=std,panic_abort --release --locked --target "$target" --bin kinglet)
+  # A standard library built from source comes without the musl start
+  # files (crt1.o) and libc.a rustup's rust-std bundles: zig's own musl
+  # provides them.
+  v=CARGO_TARGET_$(echo "$target" | tr 'a-z-' 'A-Z_')_RUSTFLAGS
+  export "$v=${!v:-} -C link-self-contained=no"
 fi
 export CARGO_TARGET_DIR=${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target}
 mkdir -p "$CARGO_TARGET_DIR"
