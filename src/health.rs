@@ -17,7 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// Liveness of the main loop: the last beat, in ms since `start`.
 #[derive(Clone, Debug)]
@@ -178,12 +178,34 @@ pub async fn watchdog(
         if failed.is_empty() {
             notify("WATCHDOG=1");
         } else if was_healthy {
-            tracing::warn!(?failed, "unhealthy: systemd watchdog pings stopped");
+            warn!(?failed, "unhealthy: systemd watchdog pings stopped");
         }
         was_healthy = failed.is_empty();
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval / 2) => {}
         }
+    }
+}
+
+/// Tells systemd (Type=notify) about our state; a no-op outside systemd.
+pub fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let bytes = path.as_encoded_bytes();
+    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
+            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
+    } else {
+        sock.send_to(state.as_bytes(), &path)
+    };
+    if let Err(e) = result {
+        warn!(error = %e, "cannot notify systemd");
     }
 }

@@ -526,7 +526,7 @@ impl Kubelet {
             self.spawn(health::watchdog(
                 checks.clone(),
                 every,
-                crate::notify_systemd,
+                crate::health::notify_systemd,
                 self.shutdown.clone(),
             ));
         }
@@ -633,10 +633,10 @@ impl Kubelet {
 
     /// Runs until SIGTERM or SIGINT, then stops every task.
     pub async fn wait(self) -> anyhow::Result<()> {
-        crate::notify_systemd("READY=1");
+        crate::health::notify_systemd("READY=1");
         wait_for_signal().await?;
         info!("shutting down");
-        crate::notify_systemd("STOPPING=1");
+        crate::health::notify_systemd("STOPPING=1");
         self.shutdown.cancel();
         // In-flight API calls get a short grace; SIGTERM must end us within 5 s.
         let all = futures::future::join_all(self.tasks);

@@ -1,33 +1,19 @@
 //! kinglet: a kubelet for small machines.
 //!
-//! `main` is the edge: one match on the subcommand. Without one, kinglet
+//! `main` is the edge (the parts are the library, `lib.rs`): one match on
+//! the subcommand. Without one, kinglet
 //! parses flags and config (exiting with a message on bad input, before any
 //! API call), sets up logging and runs the [`kubelet::Kubelet`], which
 //! assembles the parts, until SIGTERM.
 
-mod backoff;
-mod certificate;
-mod config;
-mod demo;
-mod dirwatch;
-mod eviction;
-mod fsutil;
-mod health;
-mod images;
-mod kubelet;
-mod metrics;
-mod node;
-mod pods;
-mod server;
-mod store;
-mod table;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use tracing::{error, warn};
 
-use config::flags::{Command, Flags, PodsCommand};
+use kinglet::config::flags::{Command, Flags, PodsCommand};
+use kinglet::{config, demo, images, kubelet, pods};
 
 fn main() -> ExitCode {
     let mut flags = Flags::parse();
@@ -204,26 +190,4 @@ fn under_journald() -> bool {
         return false;
     };
     v.to_str() == Some(&format!("{}:{}", m.dev(), m.ino()))
-}
-
-/// Tells systemd (Type=notify) about our state; a no-op outside systemd.
-pub(crate) fn notify_systemd(state: &str) {
-    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
-        return;
-    };
-    let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(_) => return,
-    };
-    let bytes = path.as_encoded_bytes();
-    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
-        use std::os::linux::net::SocketAddrExt;
-        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name)
-            .and_then(|a| sock.send_to_addr(state.as_bytes(), &a))
-    } else {
-        sock.send_to(state.as_bytes(), &path)
-    };
-    if let Err(e) = result {
-        warn!(error = %e, "cannot notify systemd");
-    }
 }

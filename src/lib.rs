@@ -1,0 +1,20 @@
+//! kinglet as a library: every part of the agent. The binary (`main.rs`)
+//! is the edge that runs them; the fuzz targets (`fuzz/`) reach the
+//! parsers here that take untrusted input.
+
+mod backoff;
+mod certificate;
+pub mod config;
+pub mod demo;
+mod dirwatch;
+mod eviction;
+mod fsutil;
+pub mod health;
+pub mod images;
+pub mod kubelet;
+mod metrics;
+mod node;
+pub mod pods;
+pub mod server;
+mod store;
+mod table;
