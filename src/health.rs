@@ -104,49 +104,6 @@ pub async fn serve(listener: TcpListener, checks: Checks, shutdown: Cancellation
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    async fn get(addr: SocketAddr, path: &str) -> String {
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        out
-    }
-
-    #[tokio::test]
-    async fn healthz_follows_the_heartbeat() {
-        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let hb = Heartbeat::new(Duration::from_millis(200));
-        let stop = CancellationToken::new();
-        let pleg = Heartbeat::new(Duration::from_secs(60));
-        let checks = Arc::new(vec![("syncloop", hb.clone()), ("PLEG", pleg)]);
-        let task = tokio::spawn(serve(l, checks, stop.clone()));
-        let r = get(addr, "/healthz").await;
-        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"), "{r}");
-        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let r = get(addr, "/healthz").await;
-        assert!(r.starts_with("HTTP/1.1 500"), "{r}");
-        assert!(
-            r.contains("[-]syncloop failed") && !r.contains("PLEG"),
-            "{r}"
-        );
-        hb.beat();
-        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        stop.cancel();
-        task.await.unwrap();
-    }
-}
-
 /// The interval systemd expects watchdog pings at (`WatchdogSec=` gives
 /// `WATCHDOG_USEC`, and `WATCHDOG_PID` when it is meant for one process).
 pub fn watchdog_interval() -> Option<Duration> {
@@ -165,7 +122,7 @@ pub fn watchdog_interval() -> Option<Duration> {
 pub async fn watchdog(
     checks: Checks,
     interval: Duration,
-    notify: fn(&str),
+    notify: impl Fn(&str) + Send + 'static,
     stop: CancellationToken,
 ) {
     let mut was_healthy = true;
@@ -207,5 +164,80 @@ pub fn notify_systemd(state: &str) {
     };
     if let Err(e) = result {
         warn!(error = %e, "cannot notify systemd");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn healthz_follows_the_heartbeat() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let hb = Heartbeat::new(Duration::from_millis(200));
+        let stop = CancellationToken::new();
+        let pleg = Heartbeat::new(Duration::from_secs(60));
+        let checks = Arc::new(vec![("syncloop", hb.clone()), ("PLEG", pleg)]);
+        let task = tokio::spawn(serve(l, checks, stop.clone()));
+        let r = get(addr, "/healthz").await;
+        assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"), "{r}");
+        assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = get(addr, "/healthz").await;
+        assert!(r.starts_with("HTTP/1.1 500"), "{r}");
+        assert!(
+            r.contains("[-]syncloop failed") && !r.contains("PLEG"),
+            "{r}"
+        );
+        hb.beat();
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_pings_only_while_every_check_is_healthy() {
+        // Heartbeats age in real time, so this runs in real time, short.
+        let fresh = Heartbeat::new(Duration::from_secs(30));
+        let stale = Heartbeat::new(Duration::from_millis(300));
+        let checks: Checks = Arc::new(vec![("syncloop", fresh), ("PLEG", stale.clone())]);
+        let pings = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let p = pings.clone();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(watchdog(
+            checks,
+            Duration::from_millis(100),
+            move |s: &str| p.lock().unwrap().push(s.to_string()),
+            stop.clone(),
+        ));
+        let count = || pings.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(count() >= 2, "pings while healthy: {}", count());
+        assert!(pings.lock().unwrap().iter().all(|s| s == "WATCHDOG=1"));
+        // PLEG goes stale (no beat for 300 ms): the pings stop.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let n = count();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(count(), n, "pinged while unhealthy");
+        // It beats again: the pings resume.
+        stale.beat();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(count() > n, "no ping after recovery");
+        stop.cancel();
+        task.await.unwrap();
     }
 }

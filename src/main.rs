@@ -6,7 +6,6 @@
 //! API call), sets up logging and runs the [`kubelet::Kubelet`], which
 //! assembles the parts, until SIGTERM.
 
-
 use std::process::ExitCode;
 
 use clap::Parser;

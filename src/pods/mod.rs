@@ -34,8 +34,7 @@ pub mod api;
 pub mod api_writer;
 pub mod convert;
 pub mod file;
-#[cfg(test)]
-mod fuzz;
+pub mod fuzz;
 pub mod hooks;
 pub mod image_gc;
 pub mod images;
