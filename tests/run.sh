@@ -3,7 +3,8 @@
 # starts the loopback control plane, runs lint, unit and end-to-end tests,
 # a fast subset of upstream's node conformance specs,
 # cross-builds the static binaries for x86_64, aarch64 and armv7 and runs
-# the foreign ones under qemu, and stops everything it started.
+# the foreign ones under qemu, checks the Yocto layer, fuzzes each target
+# briefly, and stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -42,6 +43,9 @@ echo "== conformance: the fast subset (tests/conformance/ci-specs.txt)"
 cargo build --locked --bin kinglet 2>&1 | tail -n1
 tests/conformance/ci.sh 2>&1 | tee target/conformance-ci.log
 crc=${PIPESTATUS[0]}
+echo "== fuzzing: each target 30 s (tests/fuzz.sh; its corpus is the regression set)"
+tests/fuzz.sh 30 2>&1 | tee target/fuzz.log
+frc=${PIPESTATUS[0]}
 set -e
 summary=$(grep -E '^test result:' target/test.log || true)
 passed=$(echo "$summary" | awk '{s+=$4} END {print s+0}')
@@ -51,7 +55,9 @@ echo "== figures"
 grep -E '^figure:' target/test.log || true
 sed -n 's/^\(target\/.*\/kinglet\): \([0-9]*\) bytes$/figure: static binary \1 \2 bytes/p' target/cross.log || true
 grep -E '^conformance' target/conformance-ci.log || true
+grep -E '^figure:' target/fuzz.log || true
 echo "suite time: $(( $(date +%s) - start )) s"
 if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
 echo "$passed passed, $failed failed, $ignored skipped"
-[ "$rc" = 0 ] && [ "$crc" = 0 ]
+[ "$frc" = 0 ] || echo "fuzzing found a crash (target/fuzz.log)"
+[ "$rc" = 0 ] && [ "$crc" = 0 ] && [ "$frc" = 0 ]
