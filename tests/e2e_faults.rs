@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use common::gate::ApiGate;
 use common::pods::{monitor_pids, running};
 use common::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams};
 
 const BB: &str = "kinglet.test/busybox:1";
 
@@ -427,12 +427,48 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
         assert_eq!(&id, a, "{n} restarted after the API came back");
         assert!(running && restarts == 1, "{n}: restarts {restarts}");
     }
+    // The events of the offline start reach the API once it is back, as
+    // upstream's recorder keeps retrying them: a second `Started` for each.
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let t = Instant::now();
+    wait_for(
+        "the offline Started events published",
+        Duration::from_secs(40),
+        || async {
+            let l = events.list(&ListParams::default()).await.ok()?;
+            names
+                .iter()
+                .all(|n| started_events(&l.items, n) >= 2)
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "figure: faults: API back: the events of the offline start published within {} ms",
+        t.elapsed().as_millis()
+    );
     // A table row once everything above held.
     println!(
         "figure: faults: | offline reboot with the API cut, {rt:?} ({} pods) | 1 | 0 | 0 after reconnect | - |",
         names.len() + 1
     );
     delete_pods(&pods, &names).await;
+}
+
+/// How many times pod `name`'s container was reported started, over its
+/// `Started` events (one object may stand for a series).
+fn started_events(events: &[Event], name: &str) -> i32 {
+    events
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("Started")
+                && e.involved_object.name.as_deref() == Some(name)
+        })
+        .map(|e| {
+            let series = e.series.as_ref().and_then(|s| s.count).unwrap_or(0);
+            e.count.unwrap_or(1).max(series).max(1)
+        })
+        .sum()
 }
 
 /// Pods of the app that run with every container ready.

@@ -6,7 +6,9 @@
 //! UID (newer replaces older), so a pod that changes often or an API
 //! server that is down never grows a queue; failures are retried every
 //! 2 s until they land. Events go through a bounded queue and are dropped,
-//! with a debug line, when it is full (upstream's recorder drops too).
+//! with a debug line, when it is full (upstream's recorder drops too); each
+//! is tried 12 times 10 s apart while the API server is unreachable, as
+//! upstream's recorder, so a short outage loses none.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -162,27 +164,31 @@ struct Task {
 }
 
 impl Task {
-    async fn run(mut self, mut events: mpsc::Receiver<PodEvent>, shutdown: CancellationToken) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: "kubelet".into(),
-                instance: Some(self.node_name.clone()),
-            },
-        );
-        let mut retry = tokio::time::interval(Duration::from_secs(2));
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                e = events.recv() => match e {
-                    None => return,
-                    Some(e) => self.publish(&recorder, e).await,
+    /// Writes statuses and deletions, and, beside them (an event being
+    /// retried never holds a status back), publishes the events.
+    async fn run(mut self, events: mpsc::Receiver<PodEvent>, shutdown: CancellationToken) {
+        let publisher = Publisher {
+            client: self.client.clone(),
+            recorder: Recorder::new(
+                self.client.clone(),
+                Reporter {
+                    controller: "kubelet".into(),
+                    instance: Some(self.node_name.clone()),
                 },
-                _ = self.wake.notified() => {}
-                _ = retry.tick() => {}
+            ),
+        };
+        let writes = async {
+            let mut retry = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.wake.notified() => {}
+                    _ = retry.tick() => {}
+                }
+                self.flush().await;
             }
-            self.flush().await;
-        }
+        };
+        tokio::join!(publisher.run(events, shutdown.clone()), writes);
     }
 
     fn take(&self) -> Outbox {
@@ -255,13 +261,57 @@ impl Task {
             self.failing.insert(key, msg);
         }
     }
+}
 
-    async fn publish(&self, recorder: &Recorder, e: PodEvent) {
-        let Ok(Some(reference)) =
-            tokio::time::timeout(API_CALL_TIMEOUT, reference(&self.client, &e.pod)).await
-        else {
-            return;
-        };
+/// Upstream's recorder tries each event this many times
+/// (`maxTriesPerEvent`)...
+const EVENT_TRIES: u32 = 12;
+/// ...this long apart (`defaultSleepDuration`), then drops it; the events
+/// behind it wait in the queue meanwhile, and past its bound are dropped.
+const EVENT_RETRY: Duration = Duration::from_secs(10);
+
+/// Publishes pod events in order, each tried as upstream's recorder does:
+/// while the API server is unreachable an event is kept and tried again
+/// for about two minutes, so a short outage loses none.
+struct Publisher {
+    client: Client,
+    recorder: Recorder,
+}
+
+impl Publisher {
+    async fn run(&self, mut events: mpsc::Receiver<PodEvent>, shutdown: CancellationToken) {
+        loop {
+            let e = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                e = events.recv() => match e {
+                    Some(e) => e,
+                    None => return,
+                },
+            };
+            for attempt in 1..=EVENT_TRIES {
+                match self.publish(&e).await {
+                    Ok(()) => break,
+                    Err(Retry::No) => break,
+                    Err(Retry::Yes) if attempt < EVENT_TRIES => {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(EVENT_RETRY) => {}
+                        }
+                    }
+                    Err(Retry::Yes) => {
+                        debug!(pod = %pod_name(&e.pod), reason = %e.reason, "event dropped after {EVENT_TRIES} tries");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn publish(&self, e: &PodEvent) -> Result<(), Retry> {
+        let reference =
+            match tokio::time::timeout(API_CALL_TIMEOUT, reference(&self.client, &e.pod)).await {
+                Ok(r) => r?,
+                Err(_) => return Err(Retry::Yes),
+            };
         let ev = Event {
             type_: if e.type_ == "Warning" {
                 EventType::Warning
@@ -269,34 +319,55 @@ impl Task {
                 EventType::Normal
             },
             reason: e.reason.clone(),
-            note: Some(e.message),
-            action: e.reason,
+            note: Some(e.message.clone()),
+            action: e.reason.clone(),
             secondary: None,
         };
-        if let Err(err) = bounded(recorder.publish(&ev, &reference)).await {
-            debug!(error = %err, "could not record a pod event");
+        bounded(self.recorder.publish(&ev, &reference))
+            .await
+            .map_err(|err| {
+                debug!(error = %err, "could not record a pod event");
+                Retry::of(&err)
+            })
+    }
+}
+
+/// Whether a failed event is worth another try: not when the API server
+/// refused it (a 4xx other than 429), as upstream's recorder.
+#[derive(Debug, PartialEq, Eq)]
+enum Retry {
+    Yes,
+    No,
+}
+
+impl Retry {
+    fn of(e: &kube::Error) -> Retry {
+        match e {
+            kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429 => Retry::No,
+            _ => Retry::Yes,
         }
     }
 }
 
-async fn reference(client: &Client, pod: &Pod) -> Option<ObjectReference> {
+/// The object an event is about; a static pod's is its mirror pod, whose
+/// UID only the API server knows.
+async fn reference(client: &Client, pod: &Pod) -> Result<ObjectReference, Retry> {
     let ns = pod
         .metadata
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
-    let name = pod.metadata.name.clone()?;
+    let name = pod.metadata.name.clone().ok_or(Retry::No)?;
     let uid = if is_static(pod) {
         let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
         api.get_opt(&name)
             .await
-            .ok()
-            .flatten()
+            .map_err(|e| Retry::of(&e))?
             .and_then(|p| p.metadata.uid)
     } else {
         pod.metadata.uid.clone()
     };
-    Some(ObjectReference {
+    Ok(ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Pod".into()),
         name: Some(name),
@@ -462,5 +533,29 @@ async fn finish(client: &Client, pod: &Pod) -> Result<(), kube::Error> {
             Ok(())
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "message": "m", "reason": "r", "code": code
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn an_event_is_retried_unless_the_api_server_refused_it() {
+        assert_eq!(Retry::of(&api_error(404)), Retry::No);
+        assert_eq!(Retry::of(&api_error(422)), Retry::No);
+        assert_eq!(Retry::of(&api_error(429)), Retry::Yes);
+        assert_eq!(Retry::of(&api_error(503)), Retry::Yes);
+        let unreachable = kube::Error::Service("connection refused".into());
+        assert_eq!(Retry::of(&unreachable), Retry::Yes);
     }
 }
