@@ -277,14 +277,12 @@ impl OciRuntime {
     /// new monitor.
     pub async fn stop_monitor(&self) -> Result<(), RuntimeError> {
         self.events.stop();
-        // The monitor exits before it answers: the call's end is no error.
-        if let Err(monitor::MonitorError::Failed(m)) =
-            self.monitor.call(&monitor::Request::Exit).await
-        {
-            return Err(RuntimeError::Other(m));
-        }
+        // The monitor exits before it answers, so the call's own result
+        // says nothing; whether it still answers a ping does.
+        let answer = self.monitor.call(&monitor::Request::Exit).await;
         if self.monitor.ping().await {
-            return Err(RuntimeError::Other("the monitor still runs".into()));
+            let why = answer.err().map(|e| e.to_string()).unwrap_or_default();
+            return Err(RuntimeError::Other(format!("the monitor still runs: {why}")));
         }
         Ok(())
     }
