@@ -11,7 +11,9 @@
 //!   comes back in a new sandbox offline, and when the API returns nothing
 //!   restarts, pods deleted meanwhile are stopped;
 //! - the root filesystem full: nothing stops, and everything resumes when
-//!   space is back.
+//!   space is back;
+//! - the API server unreachable for long under crash loops: they go on
+//!   offline, memory stays flat, and the link's return restarts nothing.
 
 mod common;
 
@@ -751,4 +753,130 @@ async fn a_full_root_filesystem_stops_no_pod_and_recovers() {
     drop(k);
     drop(bind);
     drop(fs);
+}
+
+/// The API server unreachable for `KINGLET_FAULT_OUTAGE_SECS` (CI: 45 s;
+/// `tests/faults/run.sh` 600) while three containers crash-loop and three
+/// run: the crash loops go on with their back-off offline, the steady
+/// containers are never touched, kinglet's memory stays flat (nothing
+/// queues without bound), and when the link returns the statuses converge
+/// with few writes and nothing restarts. The pods tolerate the node's
+/// `unreachable` taint without a time limit, as edge deployments set
+/// them (otherwise the control plane itself evicts them after 5 minutes).
+#[tokio::test]
+async fn a_long_outage_under_crash_loops_loses_nothing() {
+    let outage: u64 = std::env::var("KINGLET_FAULT_OUTAGE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(45);
+    let admin = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = ApiGate::new();
+    let name = unique_name("kl-outage");
+    let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
+    k.kubeconfig_override = Some(gate.kubeconfig(&name, &dir.path().join("gated.kubeconfig")));
+    let root = k.dir.path().join("root");
+    k.import(pods::busybox_archive());
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let spec = |cmd: &str| {
+        serde_json::json!({"hostNetwork": true,
+            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}],
+            "containers": [{"name": "c", "image": BB, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", cmd]}]})
+    };
+    let steady: Vec<String> = (0..3).map(|i| format!("{name}-run{i}")).collect();
+    let looping: Vec<String> = (0..3).map(|i| format!("{name}-loop{i}")).collect();
+    for n in &steady {
+        pods::create_running(&pods, &name, n, spec("exec sleep 100000")).await;
+    }
+    for n in &looping {
+        pods::create_running(&pods, &name, n, spec("sleep 1; exit 1")).await;
+    }
+    let mut ids = Vec::new();
+    for n in &steady {
+        ids.push(first_container(&pods, n).await.unwrap().0);
+    }
+    let rss_before = rss_kib(k.pid());
+    let local_restarts = |n: &str| -> i32 {
+        local_pods(&root)
+            .iter()
+            .find(|(p, ..)| p == n)
+            .and_then(|(_, _, _, r)| r.parse().ok())
+            .unwrap_or(-1)
+    };
+    let offline_start: Vec<i32> = looping.iter().map(|n| local_restarts(n)).collect();
+
+    gate.set_open(false);
+    let t = Instant::now();
+    let mut rss_most = rss_before;
+    while t.elapsed() < Duration::from_secs(outage) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(k.alive(), "kinglet exited during the outage\n{}", k.log());
+        rss_most = rss_most.max(rss_kib(k.pid()));
+    }
+    let offline_end: Vec<i32> = looping.iter().map(|n| local_restarts(n)).collect();
+    for (a, b) in offline_start.iter().zip(&offline_end) {
+        assert!(
+            b > a,
+            "a crash loop stopped offline: {offline_start:?} → {offline_end:?}"
+        );
+    }
+    let live: Vec<String> = records(&k.dir.path().join("root"))
+        .iter()
+        .filter(|r| r["status"] == "running")
+        .filter_map(|r| r["id"].as_str().map(String::from))
+        .collect();
+    for id in &ids {
+        assert!(
+            live.iter().any(|l| id.ends_with(l.as_str())),
+            "a steady container stopped offline: {id}"
+        );
+    }
+    println!(
+        "figure: faults: API down {outage} s under 3 crash loops: restarts offline {offline_start:?} → {offline_end:?}; kinglet RSS {rss_before} KiB before, at most {rss_most} KiB"
+    );
+
+    let writes_before = status_writes(&name);
+    let t = Instant::now();
+    gate.set_open(true);
+    wait_for(
+        "the crash loops' restart counts in the API",
+        Duration::from_secs(60),
+        || async {
+            for (n, r) in looping.iter().zip(&offline_end) {
+                let (_, restarts, _) = first_container(&pods, n).await?;
+                (restarts >= *r).then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "figure: faults: API back after {outage} s: statuses converged in {} ms",
+        t.elapsed().as_millis()
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (n, id) in steady.iter().zip(&ids) {
+        let (now, restarts, running) = first_container(&pods, n).await.unwrap();
+        assert_eq!(&now, id, "{n} restarted");
+        assert!(running && restarts == 0, "{n}: restarts {restarts}");
+    }
+    let writes = status_writes(&name) - writes_before;
+    println!(
+        "figure: faults: API back after {outage} s: {writes} pod status writes in the first 5 s (6 pods, 3 crash-looping)"
+    );
+    assert!(
+        rss_most < rss_before + 16 * 1024,
+        "RSS grew from {rss_before} to {rss_most} KiB offline"
+    );
+    println!(
+        "figure: faults: | API server unreachable {outage} s under 3 crash loops | 1 | 0 | 0 | 0 |"
+    );
+    let mut all = steady.clone();
+    all.extend(looping);
+    delete_pods(&pods, &all).await;
 }

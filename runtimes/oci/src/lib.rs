@@ -282,7 +282,9 @@ impl OciRuntime {
         let answer = self.monitor.call(&monitor::Request::Exit).await;
         if self.monitor.ping().await {
             let why = answer.err().map(|e| e.to_string()).unwrap_or_default();
-            return Err(RuntimeError::Other(format!("the monitor still runs: {why}")));
+            return Err(RuntimeError::Other(format!(
+                "the monitor still runs: {why}"
+            )));
         }
         Ok(())
     }
