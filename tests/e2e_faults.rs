@@ -13,7 +13,9 @@
 //! - the root filesystem full: nothing stops, and everything resumes when
 //!   space is back;
 //! - the API server unreachable for long under crash loops: they go on
-//!   offline, memory stays flat, and the link's return restarts nothing.
+//!   offline, memory stays flat, and the link's return restarts nothing;
+//! - containerd SIGKILLed under pod churn (CRI): no pod lost, no restart,
+//!   no task leaked.
 
 mod common;
 
@@ -878,5 +880,125 @@ async fn a_long_outage_under_crash_loops_loses_nothing() {
     );
     let mut all = steady.clone();
     all.extend(looping);
+    delete_pods(&pods, &all).await;
+}
+
+/// containerd SIGKILLed in the middle of pod churn on a CRI node, and
+/// started again: its shims keep the containers running, so the steady
+/// pods keep their containers; the pods created meanwhile start once it is
+/// back, the pods deleted meanwhile go, and containerd is left with exactly
+/// the sandboxes of the pods that remain.
+#[tokio::test]
+async fn containerd_killed_under_churn_loses_no_pod() {
+    let admin = admin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let bridge = format!("klfc{}", std::process::id() % 100000);
+    let octet = 30 + std::process::id() % 200;
+    let net = pods::BridgeNet::new(
+        dir.path(),
+        "klfaultscd",
+        bridge,
+        &format!("10.203.{octet}.0/24"),
+    );
+    let name = unique_name("kl-cdkill");
+    let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
+    k.extra_args = net.args(&dir.path().join("logs"));
+    k.set_runtime(Rt::Cri);
+    k.import(pods::busybox_archive());
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let sleeper = serde_json::json!({"containers": [{"name": "c", "image": BB,
+        "imagePullPolicy": "Never", "command": ["sleep", "100000"]}]});
+    let steady: Vec<String> = (0..3).map(|i| format!("{name}-s{i}")).collect();
+    for n in &steady {
+        pods::create_running(&pods, &name, n, sleeper.clone()).await;
+    }
+    let mut ids = Vec::new();
+    for n in &steady {
+        ids.push(first_container(&pods, n).await.unwrap().0);
+    }
+    let cdir = k
+        .containerd_socket()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let churn: Vec<String> = (0..4).map(|i| format!("{name}-c{i}")).collect();
+    for n in &churn {
+        let mut spec = sleeper.clone();
+        spec["nodeName"] = name.clone().into();
+        spec["terminationGracePeriodSeconds"] = 1.into();
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": n}, "spec": spec}))
+        .unwrap();
+        pods.create(&Default::default(), &p).await.unwrap();
+    }
+    // Mid-churn: the new pods are being started, and two are deleted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid: i32 = std::fs::read_to_string(cdir.join("containerd.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    sigkill(pid);
+    for n in &churn[..2] {
+        pods.delete(n, &DeleteParams::default()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(k.alive(), "kinglet exited without containerd\n{}", k.log());
+    let cni = std::fs::read_to_string(cdir.join("cni-conf-dir")).unwrap();
+    let t = Instant::now();
+    run_script("containerd-up.sh", &[cdir.to_str().unwrap(), cni.trim()]);
+    let kept = &churn[2..];
+    wait_for(
+        "churn converged after containerd's restart",
+        Duration::from_secs(90),
+        || async {
+            for n in kept {
+                running(&pods.get(n).await.ok()?).then_some(())?;
+            }
+            for n in &churn[..2] {
+                let gone = matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404);
+                gone.then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "figure: faults: containerd killed under churn: converged {} ms after it was started again",
+        t.elapsed().as_millis()
+    );
+    for (n, id) in steady.iter().zip(&ids) {
+        let (now, restarts, running) = first_container(&pods, n).await.unwrap();
+        assert_eq!(&now, id, "{n}: a new container");
+        assert!(running && restarts == 0, "{n}: restarts {restarts}");
+    }
+    // containerd runs the tasks of the five pods left (a pause and a
+    // container each) and no other: none leaked by the kill.
+    let sock = k.containerd_socket().unwrap();
+    let ctr = std::process::Command::new("ctr")
+        .args([
+            "--address",
+            sock.to_str().unwrap(),
+            "-n",
+            "k8s.io",
+            "tasks",
+            "ls",
+        ])
+        .output()
+        .unwrap();
+    let tasks = String::from_utf8_lossy(&ctr.stdout);
+    let running_tasks = tasks.lines().filter(|l| l.contains("RUNNING")).count();
+    assert_eq!(
+        running_tasks,
+        2 * (steady.len() + kept.len()),
+        "containerd's running tasks:\n{tasks}"
+    );
+    println!("figure: faults: | containerd SIGKILLed under pod churn (CRI) | 1 | 0 | 0 | 0 |");
+    let mut all = steady.clone();
+    all.extend(churn);
     delete_pods(&pods, &all).await;
 }
