@@ -179,23 +179,16 @@ fn importable(path: &Path) -> bool {
         && std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file())
 }
 
-/// Imports what is in `dir` now, then whatever is closed after writing or
-/// moved into it, until `shutdown`.
-pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: CancellationToken) {
-    if let Err(e) = std::fs::create_dir_all(&dir) {
+/// Imports the archives already in `dir` (dropped while kinglet was not
+/// running, or shipped with it in an air-gap bundle). Kinglet awaits this
+/// before any pod starts, so a pod of a shipped image finds it at once
+/// instead of failing a pull and backing off.
+pub async fn import_pending(store: &Arc<ImageStore>, dir: &Path) {
+    if let Err(e) = std::fs::create_dir_all(dir) {
         warn!(dir = %dir.display(), error = %e, "cannot create the image import dir; imports are off");
         return;
     }
-    use crate::dirwatch::{DirWatch, Flags};
-    let mut watch = match DirWatch::new(&dir, Flags::CLOSE_WRITE | Flags::MOVED_TO) {
-        Ok(w) => w,
-        Err(e) => {
-            warn!(dir = %dir.display(), error = %e, "cannot watch the image import dir; imports are off");
-            return;
-        }
-    };
-    // What was dropped while kinglet was not running.
-    let mut pending: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let mut pending: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()
                 .map(|e| e.path())
@@ -205,8 +198,23 @@ pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: Ca
         .unwrap_or_default();
     pending.sort();
     for f in pending {
-        import_one(&store, &dir, f).await;
+        import_one(store, dir, f).await;
     }
+}
+
+/// Imports whatever is closed after writing or moved into `dir` (and what
+/// arrived since [`import_pending`]), until `shutdown`.
+pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: CancellationToken) {
+    use crate::dirwatch::{DirWatch, Flags};
+    let mut watch = match DirWatch::new(&dir, Flags::CLOSE_WRITE | Flags::MOVED_TO) {
+        Ok(w) => w,
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "cannot watch the image import dir; imports are off");
+            return;
+        }
+    };
+    // What came between the first scan and the watch.
+    import_pending(&store, &dir).await;
     info!(dir = %dir.display(), "watching for image archives");
     loop {
         let names = tokio::select! {

@@ -93,7 +93,7 @@ impl Kubelet {
         };
         let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
         // Images first: the eviction manager reclaims through image GC.
-        k.start_images(&s, &started);
+        k.start_images(&s, &started).await;
         k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
         let update = s.config.node_status_update_frequency.0;
         let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
@@ -323,8 +323,9 @@ impl Kubelet {
     }
 
     /// Image GC over the runtime (both runtimes) and, for kinglet's own
-    /// store, the import directory.
-    fn start_images(&mut self, s: &Settings, started: &Started) {
+    /// store, the import directory, whose archives present at start are
+    /// imported before any pod starts.
+    async fn start_images(&mut self, s: &Settings, started: &Started) {
         let cfg = &s.config;
         let policy = pods::image_gc::Policy {
             high_percent: cfg.image_gc_high_threshold_percent.clamp(0, 100) as u8,
@@ -337,6 +338,7 @@ impl Kubelet {
         self.image_gc = Some(gc.clone());
         self.spawn(pods::image_gc::ImageGc::run(gc, self.shutdown.clone()));
         if let Some(store) = &started.store {
+            images::import_pending(store, &s.import_dir).await;
             let watch = images::watch_import_dir(
                 store.clone(),
                 s.import_dir.clone(),
