@@ -13,15 +13,7 @@
 # the dir to forget the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-need=()
-for p in file iptables containernetworking-plugins; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "demo: apt-get install ${need[*]}" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+tests/apt-need.sh file iptables containernetworking-plugins
 target=$(uname -m)-unknown-linux-musl
 cross/build.sh "$target"
 root=${KINGLET_DEMO_ROOT:-/var/lib/kinglet-demo}

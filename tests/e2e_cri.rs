@@ -152,11 +152,7 @@ async fn containerd_restart_loses_no_pod() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let pid: i32 = std::fs::read_to_string(cdir.join("containerd.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = k.containerd_pid().unwrap();
     // SAFETY: kill(2) on the containerd this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -270,6 +270,14 @@ async fn a_killed_kinglet_keeps_backoffs_and_sweeps_half_made_containers() {
     delete_pods(&pods, std::slice::from_ref(&name)).await;
 }
 
+/// A number from the environment (the fault suite's knobs), else `default`.
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// `kinglet pods ls` rows as (name, ready, status, restarts).
 fn local_pods(root: &Path) -> Vec<(String, String, String, String)> {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinglet"))
@@ -493,10 +501,7 @@ fn restarts_of(p: &Pod) -> i32 {
 async fn kills_under_churn_lose_no_pod_restart_nothing_and_leak_nothing() {
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::api::{ListParams, Patch, PatchParams};
-    let rounds: usize = std::env::var("KINGLET_FAULT_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let rounds: usize = env_number("KINGLET_FAULT_ROUNDS", 3);
     let admin = admin().await;
     let (mut k, _logs) = join_logged(Rt::Oci, "kl-fchurn", &[pods::busybox_archive()]);
     let name = k.name.clone();
@@ -767,10 +772,7 @@ async fn a_full_root_filesystem_stops_no_pod_and_recovers() {
 /// them (otherwise the control plane itself evicts them after 5 minutes).
 #[tokio::test]
 async fn a_long_outage_under_crash_loops_loses_nothing() {
-    let outage: u64 = std::env::var("KINGLET_FAULT_OUTAGE_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(45);
+    let outage: u64 = env_number("KINGLET_FAULT_OUTAGE_SECS", 45);
     let admin = admin().await;
     let dir = tempfile::tempdir().unwrap();
     let gate = ApiGate::new();
@@ -937,12 +939,7 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     }
     // Mid-churn: the new pods are being started, and two are deleted.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pid: i32 = std::fs::read_to_string(cdir.join("containerd.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    sigkill(pid);
+    sigkill(k.containerd_pid().unwrap());
     for n in &churn[..2] {
         pods.delete(n, &DeleteParams::default()).await.unwrap();
     }

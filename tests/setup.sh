@@ -5,16 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need=()
-for p in openssl curl file qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils \
-    containerd runc containernetworking-plugins; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: apt-get install ${need[*]}" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+tests/apt-need.sh openssl curl file qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils \
+  containerd runc containernetworking-plugins debootstrap
 for tool in cargo go kubectl; do
   command -v "$tool" >/dev/null || { echo "setup: $tool is required and missing" >&2; exit 1; }
 done

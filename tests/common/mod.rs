@@ -331,6 +331,16 @@ impl Kinglet {
         self.containerd.as_ref().map(|d| d.join("containerd.sock"))
     }
 
+    /// The pid of the node's private containerd, with `--runtime cri`.
+    pub fn containerd_pid(&self) -> Option<i32> {
+        let d = self.containerd.as_ref()?;
+        std::fs::read_to_string(d.join("containerd.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     fn start_inner(
         name: &str,
         extra_config: &str,
