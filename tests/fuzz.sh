@@ -7,6 +7,9 @@
 # (add it to the corpus once fixed: the corpus is replayed every run, so it
 # is the regression test). Prints one figure line per target.
 #   tests/fuzz.sh [SECONDS] [TARGET...]
+# KINGLET_FUZZ_BUILD=dev builds without optimisation (what CI does: the
+# kinglet crate compiles in about a minute instead of ten; fewer
+# executions per second); the default is cargo-fuzz's optimised build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NIGHTLY=nightly-2026-05-20
@@ -18,12 +21,14 @@ rustup toolchain list | grep -q "^$NIGHTLY" || rustup toolchain install "$NIGHTL
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked >&2
 export CARGO_TARGET_DIR=${KINGLET_FUZZ_TARGET_DIR:-/var/cache/kinglet/fuzz-target}
 cd fuzz
-cargo "+$NIGHTLY" fuzz build -O >&2
+mode=(-O)
+[ "${KINGLET_FUZZ_BUILD:-}" = dev ] && mode=(--dev)
+cargo "+$NIGHTLY" fuzz build "${mode[@]}" >&2
 rc=0
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t"
   log=$(mktemp)
-  if cargo "+$NIGHTLY" fuzz run -O "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 >"$log" 2>&1; then
+  if cargo "+$NIGHTLY" fuzz run "${mode[@]}" "$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 >"$log" 2>&1; then
     crashes=0
   else
     crashes=1
