@@ -324,8 +324,11 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let sleeper = serde_json::json!({"containers": [{"name": "c", "image": BB,
         "imagePullPolicy": "Never", "command": ["sleep", "100000"]}]});
+    // Plain sleepers beside the hostNetwork and emptyDir pods: 5 in CI,
+    // more for the suite's boot-time figures (KINGLET_FAULT_REBOOT_PODS).
+    let sleepers: usize = env_number("KINGLET_FAULT_REBOOT_PODS", 5);
     let mut names = Vec::new();
-    for i in 0..5 {
+    for i in 0..sleepers {
         names.push(format!("{name}-p{i}"));
     }
     for n in &names {
