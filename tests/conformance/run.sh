@@ -97,7 +97,10 @@ cat > "$work/net.d/10-kinglet.conflist" <<JSON
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
+# The node shares the build machine's disk with its caches and build
+# trees: disk thresholds of 5% (upstream's defaults are 10/15%) keep a
+# busy disk from tainting it DiskPressure, which no spec here is about.
+printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\nevictionHard: {memory.available: 100Mi, nodefs.available: 5%%, nodefs.inodesFree: 5%%, imagefs.available: 5%%}\n' \
   "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$work/config.yaml"
 "$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
   --node-ip 127.0.0.1 --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
