@@ -146,17 +146,11 @@ async fn containerd_restart_loses_no_pod() {
     assert_eq!(restarts, 0);
 
     // containerd dies (its shims and containers live on) and comes back.
-    let cdir = k
-        .containerd_socket()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let pid = k.containerd_pid().unwrap();
     // SAFETY: kill(2) on the containerd this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    script("containerd-up.sh", &cdir);
+    k.containerd_up_again();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (id2, restarts2) = wait_for("keep still Running", Duration::from_secs(30), || async {
         running(&root)

@@ -924,21 +924,9 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     for n in &steady {
         ids.push(first_container(&pods, n).await.unwrap().0);
     }
-    let cdir = k
-        .containerd_socket()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let churn: Vec<String> = (0..4).map(|i| format!("{name}-c{i}")).collect();
     for n in &churn {
-        let mut spec = sleeper.clone();
-        spec["nodeName"] = name.clone().into();
-        spec["terminationGracePeriodSeconds"] = 1.into();
-        let p: Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": n}, "spec": spec}))
-        .unwrap();
-        pods.create(&Default::default(), &p).await.unwrap();
+        pods::create_bound(&pods, &name, n, sleeper.clone()).await;
     }
     // Mid-churn: the new pods are being started, and two are deleted.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -948,9 +936,8 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(k.alive(), "kinglet exited without containerd\n{}", k.log());
-    let cni = std::fs::read_to_string(cdir.join("cni-conf-dir")).unwrap();
     let t = Instant::now();
-    run_script("containerd-up.sh", &[cdir.to_str().unwrap(), cni.trim()]);
+    k.containerd_up_again();
     let kept = &churn[2..];
     wait_for(
         "churn converged after containerd's restart",

@@ -289,11 +289,17 @@ impl Kinglet {
     pub fn simulate_reboot(&self) {
         pods::simulate_reboot(&self.dir.path().join("root"));
         if let Some(dir) = &self.containerd {
-            let d = dir.to_str().unwrap();
-            run_script("containerd-reboot.sh", &[d]);
-            let cni = std::fs::read_to_string(dir.join("cni-conf-dir")).unwrap();
-            run_script("containerd-up.sh", &[d, cni.trim()]);
+            run_script("containerd-reboot.sh", &[dir.to_str().unwrap()]);
+            self.containerd_up_again();
         }
+    }
+
+    /// Starts the node's private containerd again (after a kill or a
+    /// simulated reboot), on the same dirs and CNI network.
+    pub fn containerd_up_again(&self) {
+        let dir = self.containerd.as_ref().expect("a CRI node");
+        let cni = std::fs::read_to_string(dir.join("cni-conf-dir")).unwrap();
+        run_script("containerd-up.sh", &[dir.to_str().unwrap(), cni.trim()]);
     }
 
     /// Loads an image archive into the node's runtime: kinglet's store, or

@@ -155,9 +155,8 @@ impl Drop for BridgeNet {
     }
 }
 
-/// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
-/// period) and waits until it runs.
-pub async fn create_running(
+/// Creates pod `name` bound to `node` (grace period 1 s) without waiting.
+pub async fn create_bound(
     pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
     node: &str,
     name: &str,
@@ -172,6 +171,17 @@ pub async fn create_running(
     pods.create(&kube::api::PostParams::default(), &p)
         .await
         .unwrap();
+}
+
+/// Creates pod `name` on `node` with the rest of its `spec` (a 1 s grace
+/// period) and waits until it runs.
+pub async fn create_running(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    node: &str,
+    name: &str,
+    spec: serde_json::Value,
+) {
+    create_bound(pods, node, name, spec).await;
     super::wait_for(
         "the pod runs",
         std::time::Duration::from_secs(60),
