@@ -471,15 +471,22 @@ async fn a_critical_static_pod_is_spared_though_it_uses_most(rt: Rt) {
     )
     .await;
     let s = failed(&pods, &slow, "the API pod is evicted", 60).await;
+    let log = k.log();
+    for l in log.lines().filter(|l| l.contains("evicting")) {
+        println!("figure: static pod spared {rt:?}: {l}");
+    }
     assert_eq!(s.reason.as_deref(), Some("Evicted"), "{s:?}");
-    assert_eq!(oom_kills(&root), 0, "the kernel OOM killer acted first");
+    assert_eq!(
+        oom_kills(&root),
+        0,
+        "the kernel OOM killer acted first\n{log}"
+    );
     let m = pods.get(&mirror).await.unwrap();
     assert_eq!(
         m.status.and_then(|s| s.phase).as_deref(),
         Some("Running"),
         "the static pod was touched"
     );
-    let log = k.log();
     assert_eq!(
         log.lines().filter(|l| l.contains("evicting")).count(),
         1,

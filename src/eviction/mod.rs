@@ -117,15 +117,23 @@ impl Manager {
         let mut round = Round::default();
         let mut wakers = Wakers::new(&self.settings.sources);
         let mut woke = ("start", Instant::now());
+        let mut was_crossed = false;
         loop {
             let (obs, evicted) = self.synchronize(&mut round, woke).await;
-            wakers.arm(self.memcg_levels(&obs));
+            // A level usage already passed between the measurement and the
+            // arming never signals (the kernel signals crossings only):
+            // measure again at once, not at the next sync. Once, so a
+            // threshold no pod can relieve does not spin.
+            let crossed = wakers.arm(self.memcg_levels(&obs));
             wakers.announce_once();
-            let wait = if evicted || !wakers.any() {
+            let wait = if crossed && !was_crossed && !evicted {
+                Duration::from_millis(100)
+            } else if evicted || crossed || !wakers.any() {
                 Duration::from_secs(1)
             } else {
                 self.settings.housekeeping
             };
+            was_crossed = crossed;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 by = wakers.wait(wait) => woke = (by, Instant::now()),
@@ -587,24 +595,29 @@ impl Wakers {
         }
     }
 
-    /// Arms a threshold at each level (re-arming those that moved).
-    fn arm(&mut self, levels: Vec<(signals::MemCgroup, u64)>) {
+    /// Arms a threshold at each level (re-arming those that moved). True
+    /// if a cgroup's usage is already at or above its level, which the
+    /// kernel will not signal.
+    fn arm(&mut self, levels: Vec<(signals::MemCgroup, u64)>) -> bool {
+        let mut crossed = false;
         for (cg, level) in levels {
             let same = self
                 .armed
                 .iter()
                 .any(|(d, l, _)| *d == cg.dir && *l == level);
-            if same {
-                continue;
-            }
-            self.armed.retain(|(d, _, _)| *d != cg.dir);
-            match notify::memcg_threshold(&cg, level) {
-                Ok(src) => self.armed.push((cg.dir.clone(), level, src)),
-                Err(e) => {
-                    debug!(error = %e, cgroup = %cg.dir.display(), "no memcg threshold")
+            if !same {
+                self.armed.retain(|(d, _, _)| *d != cg.dir);
+                match notify::memcg_threshold(&cg, level) {
+                    Ok(src) => self.armed.push((cg.dir.clone(), level, src)),
+                    Err(e) => {
+                        debug!(error = %e, cgroup = %cg.dir.display(), "no memcg threshold");
+                        continue;
+                    }
                 }
             }
+            crossed |= cg.usage().is_some_and(|u| u >= level);
         }
+        crossed
     }
 
     fn any(&self) -> bool {

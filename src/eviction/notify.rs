@@ -4,7 +4,8 @@
 //!   an eventfd, as upstream's `kernelMemcgNotification`): the kernel
 //!   signals the moment usage crosses the level at which a memory
 //!   threshold would be met (re-armed after each sync, as inactive file
-//!   pages move the level);
+//!   pages move the level; a level usage already passed when it is armed
+//!   never signals, so the manager then measures again at once);
 //! - a **PSI trigger** on `/proc/pressure/memory`: a `some` stall of 50 ms
 //!   within a 1 s window (100 ms in 2 s without `CAP_SYS_RESOURCE`),
 //!   signalled with `POLLPRI`: the node is reclaiming, measure now;
