@@ -32,7 +32,8 @@ crate::both_runtimes!(
     kubectl_logs_follow_across_rotation,
     kubectl_logs_follow_throughput,
     stats_summary_and_resource_metrics_measure_the_pods,
-    proxied_by_the_apiserver_and_the_read_only_port
+    proxied_by_the_apiserver_and_the_read_only_port,
+    kubectl_debug_adds_ephemeral_containers
 );
 
 const BB: &str = "kinglet.test/busybox:1";
@@ -1228,4 +1229,110 @@ async fn proxied_by_the_apiserver_and_the_read_only_port(rt: Rt) {
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
+}
+
+/// An ephemeral container's status by name, once it has one.
+async fn ephemeral_status(
+    pods: &Api<Pod>,
+    pod: &str,
+    name: &str,
+) -> Option<k8s_openapi::api::core::v1::ContainerStatus> {
+    let p = pods.get(pod).await.ok()?;
+    p.status?
+        .ephemeral_container_statuses?
+        .into_iter()
+        .find(|s| s.name == name)
+}
+
+/// `kubectl debug`: ephemeral containers added to a running pod start in
+/// it (their logs and exec work), report their own statuses, and one that
+/// exits is never restarted; the pod's own container is left alone.
+async fn kubectl_debug_adds_ephemeral_containers(rt: Rt) {
+    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-debug").await;
+    let node = k.name.clone();
+    let name = format!("{node}-app");
+    pods::create_running(
+        &pods,
+        &node,
+        &name,
+        serde_json::json!({"containers": [
+        {"name": "c", "image": BB, "command": ["sleep", "3600"]}]}),
+    )
+    .await;
+    let before = pods
+        .get(&name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .container_statuses
+        .unwrap()[0]
+        .clone();
+    let debug = |container: &str, script: &str| {
+        let (ok, out, err) = kubectl(&[
+            "debug",
+            &name,
+            "--image",
+            BB,
+            "--container",
+            container,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ]);
+        assert!(ok, "kubectl debug: {out}{err}");
+    };
+    debug("debugger", "echo debugging; exec sleep 3600");
+    let s = wait_for(
+        "the ephemeral container runs",
+        Duration::from_secs(60),
+        || async {
+            ephemeral_status(&pods, &name, "debugger")
+                .await
+                .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
+        },
+    )
+    .await;
+    assert!(!s.ready, "{s:?}");
+    let (ok, out, err) = kubectl(&["logs", &name, "-c", "debugger"]);
+    assert!(ok && out == "debugging\n", "{out}{err}");
+    let (code, out, err) = kubectl_stdin(
+        &["exec", &name, "-c", "debugger", "--", "echo", "inside"],
+        b"",
+    );
+    assert_eq!(
+        (code, String::from_utf8_lossy(&out).as_ref()),
+        (0, "inside\n"),
+        "{err}"
+    );
+    // One that exits with an error: terminated, never restarted, and the
+    // pod keeps running.
+    debug("quitter", "exit 3");
+    let t = wait_for("the second one exits", Duration::from_secs(60), || async {
+        ephemeral_status(&pods, &name, "quitter")
+            .await
+            .and_then(|s| s.state?.terminated)
+    })
+    .await;
+    assert_eq!(t.exit_code, 3, "{t:?}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let q = ephemeral_status(&pods, &name, "quitter").await.unwrap();
+    assert_eq!(q.restart_count, 0, "{q:?}");
+    assert!(q.state.unwrap().terminated.is_some());
+    let p = pods.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(p.phase.as_deref(), Some("Running"));
+    let after = p.container_statuses.unwrap()[0].clone();
+    assert_eq!(
+        (after.container_id, after.restart_count),
+        (before.container_id, 0)
+    );
+    assert!(after.ready);
+    pods.delete(&name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_for("the pod is gone", Duration::from_secs(60), || async {
+        pods.get(&name).await.is_err().then_some(())
+    })
+    .await;
 }

@@ -309,6 +309,22 @@ pub fn contained_path(base: &std::path::Path, parts: &[&str]) -> Option<std::pat
 }
 
 /// `namespace/name`, for logs and messages.
+/// The pod's ephemeral containers (`kubectl debug`) as containers: the
+/// same fields but `targetContainerName`, which kinglet does not act on
+/// (the pod's containers do not share a PID namespace per target; a
+/// deliberate difference, in the README).
+pub fn ephemeral_containers(spec: &PodSpec) -> Vec<Container> {
+    spec.ephemeral_containers
+        .iter()
+        .flatten()
+        .filter_map(|e| {
+            let mut v = serde_json::to_value(e).ok()?;
+            v.as_object_mut()?.remove("targetContainerName");
+            serde_json::from_value(v).ok()
+        })
+        .collect()
+}
+
 pub fn pod_name(pod: &Pod) -> String {
     format!(
         "{}/{}",

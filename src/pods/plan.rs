@@ -117,7 +117,7 @@ pub struct ContainerStep {
 
 /// The whole pod's next steps, in order: init containers up to the first
 /// that is not done (sidecars count once running), then the regular
-/// containers once every init container is.
+/// containers once every init container is, then the ephemeral ones.
 pub fn plan(
     pod: &Pod,
     current: &[ContainerStatus],
@@ -150,6 +150,11 @@ pub fn plan(
     }
     for c in &spec.containers {
         steps.push(container_step(c, current, policy, backoffs, &at).0);
+    }
+    // Ephemeral containers (`kubectl debug`) once the pod has started,
+    // each run once and never restarted, as upstream.
+    for c in super::convert::ephemeral_containers(&spec) {
+        steps.push(container_step(&c, current, "Never", backoffs, &at).0);
     }
     steps
 }
@@ -394,6 +399,38 @@ mod tests {
                 start("a", 0, &[]),
                 start("b", 0, &[])
             ]
+        );
+    }
+
+    #[test]
+    fn ephemeral_containers_start_after_the_pod_and_never_restart() {
+        let now = Instant::now();
+        let mut p = pod("Always", &[("i1", false)], &["a"]);
+        p.spec.as_mut().unwrap().ephemeral_containers =
+            Some(vec![k8s_openapi::api::core::v1::EphemeralContainer {
+                name: "debugger".into(),
+                image: Some("x".into()),
+                target_container_name: Some("a".into()),
+                ..Default::default()
+            }]);
+        let b = Backoffs::default();
+        // Not while the init containers run.
+        assert_eq!(steps(&p, &[], &b, 10 * S, now), [start("i1", 0, &[])]);
+        let i1 = ctr("i1", 0, ContainerState::Exited, 0, 5 * S);
+        let a = ctr("a", 0, ContainerState::Running, 0, 0);
+        assert_eq!(
+            steps(&p, &[i1.clone(), a.clone()], &b, 10 * S, now),
+            [
+                ("i1".into(), Step::Keep),
+                ("a".into(), Step::Keep),
+                start("debugger", 0, &[])
+            ]
+        );
+        // Exited, even with an error and restartPolicy Always: done.
+        let d = ctr("debugger", 0, ContainerState::Exited, 1, 6 * S);
+        assert_eq!(
+            steps(&p, &[i1, a, d], &b, 60 * S, now)[2],
+            ("debugger".into(), Step::Keep)
         );
     }
 

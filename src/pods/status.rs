@@ -201,6 +201,20 @@ pub fn pod_status(
         }
     }
     let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
+    let ephemeral: Vec<KStatus> = super::convert::ephemeral_containers(&spec)
+        .iter()
+        .map(|c| {
+            let w = waiting.get(&c.name);
+            let reason = WaitingReason::ContainerCreating;
+            // Never probed: upstream's prober sets `ready` and `started`
+            // for init and regular containers only.
+            KStatus {
+                ready: false,
+                started: None,
+                ..container_status(c, containers, w, reason, at.scheme, health)
+            }
+        })
+        .collect();
     let init = InitProgress::of(&spec, &inits, policy);
     let phase = phase(&spec.containers, &regular, policy, &init);
     let (host_ip, pod_ip) = (at.host_ip, at.pod_ip);
@@ -234,6 +248,7 @@ pub fn pod_status(
         start_time: Some(at.start_time.clone()),
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(regular),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         qos_class: Some(super::convert::qos_class(pod).into()),
         ..Default::default()
     }
@@ -510,6 +525,32 @@ mod tests {
         assert_eq!(
             (init.status.as_str(), init.reason.as_deref()),
             ("False", Some("ContainersNotInitialized"))
+        );
+    }
+
+    #[test]
+    fn ephemeral_containers_have_their_own_statuses_never_ready() {
+        let yaml = "metadata: {name: p}\nspec: {containers: [{name: a, image: x}], ephemeralContainers: [{name: debugger, image: x, targetContainerName: a}]}";
+        let s = status_with(
+            yaml,
+            &[
+                crate::pods::running_container("a-0", "a"),
+                crate::pods::running_container("d-0", "debugger"),
+            ],
+        );
+        let e = s.ephemeral_container_statuses.unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].name, "debugger");
+        assert!(e[0].state.as_ref().unwrap().running.is_some());
+        assert!(!e[0].ready);
+        assert_eq!(e[0].started, None);
+        // It does not count for the pod's readiness, nor its phase.
+        assert_eq!(s.container_statuses.unwrap().len(), 1);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(
+            fresh_status("metadata: {name: p}\nspec: {containers: [{name: a, image: x}]}")
+                .ephemeral_container_statuses,
+            None
         );
     }
 

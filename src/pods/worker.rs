@@ -280,7 +280,7 @@ impl Worker {
             p.stop();
         }
         let current = self.cache.newer_than(&self.uid, self.last_action).await;
-        let running: Vec<(&Container, &ContainerStatus)> = current
+        let running: Vec<(Container, &ContainerStatus)> = current
             .iter()
             .filter(|c| c.state != ContainerState::Exited)
             .filter_map(|st| Self::container(pod, &st.name).map(|c| (c, st)))
@@ -601,13 +601,21 @@ impl Worker {
         Ok(())
     }
 
-    fn container<'p>(pod: &'p Pod, name: &str) -> Option<&'p Container> {
+    /// A container of the pod by name: init, regular or ephemeral.
+    fn container(pod: &Pod, name: &str) -> Option<Container> {
         let spec = pod.spec.as_ref()?;
-        spec.init_containers
+        let found = spec
+            .init_containers
             .iter()
             .flatten()
             .chain(spec.containers.iter())
-            .find(|c| c.name == name)
+            .find(|c| c.name == name);
+        match found {
+            Some(c) => Some(c.clone()),
+            None => convert::ephemeral_containers(spec)
+                .into_iter()
+                .find(|c| c.name == name),
+        }
     }
 
     /// Carries out one step of the plan; returns when to look again.
@@ -619,6 +627,7 @@ impl Worker {
         s: plan::ContainerStep,
     ) -> Wake {
         let c = Self::container(pod, &s.name)?;
+        let c = &c;
         if s.reset_backoff {
             self.backoffs.restart.remove(&s.name);
         }

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Upstream node conformance against one kinglet node:
-#   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci] [--timeout 2h]
+#   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout 2h]
 # Builds the upstream e2e.test and ginkgo at the control plane's release
 # (build.sh, cached), the images the specs use into a private local
 # docker-registry (images.sh), starts the loopback control plane with only
 # this node in it, joins a kinglet node (release build, private dirs and CNI
-# network), and runs every [NodeConformance] spec that is not [Serial],
+# network; with --runtime cri, a private containerd pulling from the local
+# registry), and runs every [NodeConformance] spec that is not [Serial],
 # [Disruptive], [Flaky], [Slow] or [Feature:*] (or those matching --focus),
 # two at a time. Prints a table (selected, passed, failed, skipped) and each
 # failure with its first line; JUnit and the table go under
@@ -19,13 +20,13 @@ while [ $# -gt 0 ]; do
     --skip) skip=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci] [--timeout DURATION]" >&2; exit 2 ;;
+    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout DURATION]" >&2; exit 2 ;;
   esac
 done
-if [ "$runtime" != oci ]; then
-  echo "run.sh: --runtime $runtime: only the in-process runtime is wired so far" >&2
-  exit 2
-fi
+case $runtime in
+  oci | cri) ;;
+  *) echo "run.sh: --runtime $runtime: oci or cri" >&2; exit 2 ;;
+esac
 # shellcheck source=../bench/lib.sh
 . tests/bench/lib.sh
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
@@ -52,6 +53,7 @@ cleanup() {
   set +e
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   release_oci_root "$work/root"
+  [ "$runtime" = cri ] && tests/cluster/containerd-down.sh "$work/containerd" >/dev/null 2>&1
   [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
   ip link del "$bridge" 2>/dev/null
   rm -rf "$work"
@@ -102,9 +104,19 @@ JSON
 # busy disk from tainting it DiskPressure, which no spec here is about.
 printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\nevictionHard: {memory.available: 100Mi, nodefs.available: 5%%, nodefs.inodesFree: 5%%, imagefs.available: 5%%}\n' \
   "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$work/config.yaml"
+runtime_args=()
+if [ "$runtime" = cri ]; then
+  # A private containerd on the same private network, told that the local
+  # registry speaks plain HTTP (hosts.toml, read at each pull).
+  sock=$(tests/cluster/containerd-up.sh "$work/containerd" "$work/net.d" | tail -n1)
+  mkdir -p "$work/containerd/certs.d/$registry"
+  printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
+    "$registry" "$registry" > "$work/containerd/certs.d/$registry/hosts.toml"
+  runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
+fi
 "$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
   --node-ip 127.0.0.1 --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
-  >"$out/kinglet.log" 2>&1 &
+  "${runtime_args[@]}" >"$out/kinglet.log" 2>&1 &
 agent_pid=$!
 ready=""
 for _ in $(seq 1 300); do
@@ -127,9 +139,9 @@ rm -f "$out"/junit*.xml
   "$bin/e2e.test" -- "${args[@]}" >"$out/e2e.log" 2>&1
 rc=$?
 set -e
-python3 - "$out" "$(( $(date +%s) - start ))" <<'PY'
+python3 - "$out" "$(( $(date +%s) - start ))" "$runtime" <<'PY'
 import glob, sys, xml.etree.ElementTree as ET
-out, wall = sys.argv[1], int(sys.argv[2])
+out, wall, runtime = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cases = {}
 for f in sorted(glob.glob(f"{out}/junit*.xml")):
     for tc in ET.parse(f).getroot().iter("testcase"):
@@ -158,7 +170,7 @@ n = {s: sum(1 for c in cases if c[0] == s) for s in ("passed", "failed", "skippe
 run = n["passed"] + n["failed"]
 # Specs outside the selection are reported as skipped by ginkgo: the
 # selection is what ran.
-lines = [f"conformance: {len(selected)} specs selected and run, {n['passed']} passed, {n['failed']} failed "
+lines = [f"conformance ({runtime}): {len(selected)} specs selected and run, {n['passed']} passed, {n['failed']} failed "
          f"({100 * n['passed'] / max(1, run):.0f}%); wall time {wall} s"]
 for state, name, cause in cases:
     if state == "failed":
