@@ -37,12 +37,15 @@ echo "== tests (unit and end to end)"
 set +e
 cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test.log
 rc=${PIPESTATUS[0]}
-echo "== conformance: the fast subset (tests/conformance/ci-specs.txt)"
+echo "== conformance: the fast subset (tests/conformance/ci-specs.txt), both runtimes"
 # Upstream's own specs against a kinglet node (the debug build the tests
 # just made), on a control plane of their own.
 cargo build --locked --bin kinglet 2>&1 | tail -n1
 tests/conformance/ci.sh 2>&1 | tee target/conformance-ci.log
 crc=${PIPESTATUS[0]}
+# The same specs through containerd (--runtime cri).
+tests/conformance/ci.sh --runtime cri 2>&1 | tee -a target/conformance-ci.log
+[ "${PIPESTATUS[0]}" = 0 ] || crc=1
 echo "== fuzzing: each target 30 s (tests/fuzz.sh; its corpus is the regression set)"
 KINGLET_FUZZ_BUILD=dev tests/fuzz.sh 30 2>&1 | tee target/fuzz.log
 frc=${PIPESTATUS[0]}
