@@ -15,7 +15,9 @@
 //! - the API server unreachable for long under crash loops: they go on
 //!   offline, memory stays flat, and the link's return restarts nothing;
 //! - containerd SIGKILLed under pod churn (CRI): no pod lost, no restart,
-//!   no task leaked.
+//!   no task leaked;
+//! - the wall clock stepped a day forward and back: nothing restarts,
+//!   spins or storms the API.
 
 mod common;
 
@@ -25,6 +27,7 @@ use std::time::{Duration, Instant};
 use common::gate::ApiGate;
 use common::pods::{monitor_pids, running};
 use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams};
 
@@ -317,6 +320,7 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     k.extra_args = net.args(&dir.path().join("logs"));
     let root = k.dir.path().join("root");
     k.set_runtime(rt);
+    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
     k.import(pods::busybox_archive());
     k.spawn();
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -783,6 +787,7 @@ async fn a_long_outage_under_crash_loops_loses_nothing() {
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
     k.kubeconfig_override = Some(gate.kubeconfig(&name, &dir.path().join("gated.kubeconfig")));
     let root = k.dir.path().join("root");
+    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
     k.import(pods::busybox_archive());
     k.spawn();
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -909,6 +914,7 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
     k.extra_args = net.args(&dir.path().join("logs"));
     k.set_runtime(Rt::Cri);
+    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
     k.import(pods::busybox_archive());
     k.spawn();
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -988,4 +994,130 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     let mut all = steady.clone();
     all.extend(churn);
     delete_pods(&pods, &all).await;
+}
+
+/// The node's pod status writes and token requests so far, from the
+/// apiserver's audit log: (status writes, TokenRequests).
+fn node_writes(node: &str) -> (usize, usize) {
+    let user = format!("system:node:{node}");
+    let text = std::fs::read_to_string(cluster_dir().join("logs/audit.log")).unwrap_or_default();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.contains(&user))
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|e: &serde_json::Value| {
+            e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete"
+        })
+        .collect();
+    let of = |resource: &str, sub: &str| {
+        events
+            .iter()
+            .filter(|e| e["objectRef"]["resource"] == resource)
+            .filter(|e| e["objectRef"]["subresource"] == sub)
+            .count()
+    };
+    (of("pods", "status"), of("serviceaccounts", "token"))
+}
+
+/// CPU time (user + system, clock ticks) of a process.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The node's wall clock jumps a day forward, then back. Only kinglet's
+/// (and its monitor's) real-time clock moves — libfaketime, preloaded,
+/// reads the offset from a file — as an NTP step or an RTC without a
+/// battery does it to a board; the monotonic clock runs on, as it does in
+/// a real jump; the machine and the shared control plane keep the true
+/// time. Nothing may restart or spin: the running containers keep their
+/// IDs, the node stays Ready, its tokens are renewed without a storm, new
+/// pods start.
+#[tokio::test]
+async fn a_wall_clock_jump_of_a_day_restarts_nothing() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    assert!(Path::new(lib).exists(), "libfaketime (tests/setup.sh)");
+    let admin = admin().await;
+    let offset = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(offset.path(), "+0\n").unwrap();
+    let mut k = Kinglet::unstarted(&unique_name("kl-clock"), FAST_CONFIG);
+    k.env = [
+        ("LD_PRELOAD", lib),
+        ("FAKETIME_TIMESTAMP_FILE", offset.path().to_str().unwrap()),
+        ("FAKETIME_CACHE_DURATION", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .to_vec();
+    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
+    k.import(pods::busybox_archive());
+    k.spawn();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    // A sleeper with the automatic token volume (its token's expiry is
+    // read against the wall clock).
+    let sleeper = serde_json::json!({"containers": [{"name": "c", "image": BB,
+        "command": ["sleep", "100000"]}]});
+    let steady = format!("{}-steady", k.name);
+    pods::create_running(&pods, &k.name, &steady, sleeper.clone()).await;
+    let before = first_container(&pods, &steady).await.unwrap();
+    let mut names = vec![steady.clone()];
+    for (jump, to) in [("+1d", "a day forward"), ("+0", "back to the true time")] {
+        let (writes0, tokens0) = node_writes(&k.name);
+        let cpu0 = cpu_ticks(k.pid());
+        std::fs::write(offset.path(), format!("{jump}\n")).unwrap();
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        assert!(k.alive(), "kinglet exited after the jump {to}\n{}", k.log());
+        let cpu = cpu_ticks(k.pid()) - cpu0;
+        let (writes, tokens) = node_writes(&k.name);
+        println!(
+            "figure: faults: clock {to}: over 15 s, kinglet used {cpu} CPU ticks, {} pod status writes, {} token requests",
+            writes - writes0,
+            tokens - tokens0
+        );
+        // No spinning and no request storm (a loop on "the token expired
+        // a day ago" or "the status is a day old" would show here).
+        assert!(cpu < 750, "kinglet spun: {cpu} ticks in 15 s\n{}", k.log());
+        assert!(tokens - tokens0 <= 6, "{} token requests", tokens - tokens0);
+        assert!(writes - writes0 <= 10, "{} status writes", writes - writes0);
+        let n = nodes.get(&k.name).await.unwrap();
+        assert!(is_ready(&n), "the node is not Ready after the jump {to}");
+        // The jump took: the node's lease is renewed at its clock's time.
+        let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+        let renew = leases
+            .get(&k.name)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .renew_time
+            .unwrap();
+        let ahead = renew.0.duration_since(jiff::Timestamp::now()).as_secs();
+        let want = if jump == "+0" {
+            -3600..3600
+        } else {
+            82800..90000
+        };
+        assert!(
+            want.contains(&ahead),
+            "the lease is {ahead} s ahead after the jump {to}"
+        );
+        assert_eq!(
+            first_container(&pods, &steady).await.unwrap(),
+            before,
+            "restarted"
+        );
+        let fresh = format!("{}-new{}", k.name, names.len());
+        pods::create_running(&pods, &k.name, &fresh, sleeper.clone()).await;
+        names.push(fresh);
+    }
+    println!(
+        "figure: faults: | the wall clock stepped a day forward, then back (libfaketime under kinglet) | 2 | 0 | 0 | - |"
+    );
+    delete_pods(&pods, &names).await;
+    k.terminate(Duration::from_secs(5));
+    let _ = nodes.delete(&k.name, &Default::default()).await;
 }

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tests/apt-need.sh openssl curl file qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils \
-  containerd runc containernetworking-plugins debootstrap
+  containerd runc containernetworking-plugins debootstrap libfaketime
 for tool in cargo go kubectl; do
   command -v "$tool" >/dev/null || { echo "setup: $tool is required and missing" >&2; exit 1; }
 done

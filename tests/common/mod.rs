@@ -183,6 +183,8 @@ pub struct Kinglet {
     /// A kubeconfig to use instead of the node's own.
     pub kubeconfig_override: Option<PathBuf>,
     pub extra_args: Vec<String>,
+    /// Environment added to kinglet's (and so its monitor's).
+    pub env: Vec<(String, String)>,
     pub rt: Rt,
     /// The private containerd's dir, with `--runtime cri`.
     containerd: Option<PathBuf>,
@@ -387,6 +389,7 @@ impl Kinglet {
             joined,
             kubeconfig_override: None,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             rt: Rt::Oci,
             containerd: None,
             child: None,
@@ -426,6 +429,7 @@ impl Kinglet {
             .arg(&self.config)
             .args(&self.extra_args)
             .args(["--hostname-override", &self.name])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--root-dir")
             .arg(self.dir.path().join("root"))
             .stdout(log.try_clone().unwrap())

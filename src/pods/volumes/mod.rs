@@ -449,10 +449,17 @@ impl Volumes {
         let token = status
             .token
             .ok_or("failed to fetch token: no token in the answer")?;
-        let left = status.expiration_timestamp.map_or(Duration::ZERO, |t| {
-            t.0.duration_since(jiff::Timestamp::now()).unsigned_abs()
-        });
         let requested = Duration::from_secs(seconds.max(0) as u64);
+        let left = token_life(&token).unwrap_or_else(|| {
+            let exp = status.expiration_timestamp.map(|t| t.0);
+            let left = exp.map(|t| t.duration_since(jiff::Timestamp::now()));
+            match left.and_then(|d| Duration::try_from(d).ok()) {
+                Some(d) if !d.is_zero() => d,
+                // Expired by this node's clock though just issued: the
+                // clock is wrong, not the token.
+                _ => requested,
+            }
+        });
         let t = Token {
             value: token.clone(),
             refresh_at: Instant::now() + refresh_after(requested, left),
@@ -494,6 +501,21 @@ impl Volumes {
             _ => Err(format!("failed to fetch token: {e}")),
         }
     }
+}
+
+/// A token's life as its issuer counts it (`exp` − `iat` of its JWT
+/// claims), so a node clock that is off — a board without a battery, an
+/// NTP step of a day — neither keeps an expired token nor renews a fresh
+/// one in a loop: the refresh is then timed on the monotonic clock.
+pub fn token_life(token: &str) -> Option<Duration> {
+    use base64::Engine;
+    let claims = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(claims.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let (exp, iat) = (v["exp"].as_i64()?, v["iat"].as_i64()?);
+    (exp > iat).then(|| Duration::from_secs((exp - iat) as u64))
 }
 
 /// When to ask again for a token, as upstream's token manager: when a
@@ -653,6 +675,25 @@ mod tests {
         assert_eq!(std::fs::metadata(root.join("late")).unwrap().gid(), 0);
         set_ownership(&root, 1234, false).unwrap();
         assert_eq!(std::fs::metadata(root.join("late")).unwrap().gid(), 1234);
+    }
+
+    #[test]
+    fn a_tokens_life_comes_from_its_claims_not_the_node_clock() {
+        use base64::Engine;
+        let enc = |v: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        // Issued a day before this node's clock, as a node a day ahead
+        // sees a fresh token: still an hour of life.
+        let claims = r#"{"exp":1700003600,"iat":1700000000,"sub":"system:serviceaccount:d:s"}"#;
+        let jwt = format!("{}.{}.sig", enc(r#"{"alg":"RS256"}"#), enc(claims));
+        assert_eq!(token_life(&jwt), Some(Duration::from_secs(3600)));
+        for bad in [
+            "",
+            "a.b.c",
+            "x",
+            &format!("h.{}.s", enc(r#"{"exp":5,"iat":9}"#)),
+        ] {
+            assert_eq!(token_life(bad), None, "{bad}");
+        }
     }
 
     #[test]
