@@ -1034,7 +1034,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// a real jump; the machine and the shared control plane keep the true
 /// time. Nothing may restart or spin: the running containers keep their
 /// IDs, the node stays Ready, its tokens are renewed without a storm, new
-/// pods start.
+/// pods start, a crash loop goes on.
 #[tokio::test]
 async fn a_wall_clock_jump_of_a_day_restarts_nothing() {
     let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -1064,8 +1064,31 @@ async fn a_wall_clock_jump_of_a_day_restarts_nothing() {
     let steady = format!("{}-steady", k.name);
     pods::create_running(&pods, &k.name, &steady, sleeper.clone()).await;
     let before = first_container(&pods, &steady).await.unwrap();
-    let mut names = vec![steady.clone()];
+    // A crash loop: its back-off compares exit times with the wall clock.
+    let looper = format!("{}-loop", k.name);
+    pods::create_bound(
+        &pods,
+        &k.name,
+        &looper,
+        serde_json::json!({"containers": [
+        {"name": "c", "image": BB, "command": ["sh", "-c", "sleep 2; exit 1"]}]}),
+    )
+    .await;
+    let mut names = vec![steady.clone(), looper.clone()];
     for (jump, to) in [("+1d", "a day forward"), ("+0", "back to the true time")] {
+        // The jump comes while the crash loop waits out its back-off.
+        wait_for(
+            "the crash loop in back-off",
+            Duration::from_secs(180),
+            || async {
+                let p = pods.get(&looper).await.ok()?;
+                let s = p.status?.container_statuses?.into_iter().next()?;
+                let w = s.state?.waiting?;
+                (w.reason.as_deref() == Some("CrashLoopBackOff")).then_some(())
+            },
+        )
+        .await;
+        let restarts = first_container(&pods, &looper).await.map_or(0, |c| c.1);
         let (writes0, tokens0) = node_writes(&k.name);
         let cpu0 = cpu_ticks(k.pid());
         std::fs::write(offset.path(), format!("{jump}\n")).unwrap();
@@ -1110,6 +1133,17 @@ async fn a_wall_clock_jump_of_a_day_restarts_nothing() {
             before,
             "restarted"
         );
+        // The crash loop goes on (after a step back it is not held until
+        // the clock catches up with its last exit: a day).
+        wait_for(
+            "the crash loop goes on",
+            Duration::from_secs(60),
+            || async {
+                let now = first_container(&pods, &looper).await.map_or(0, |c| c.1);
+                (now > restarts).then_some(())
+            },
+        )
+        .await;
         let fresh = format!("{}-new{}", k.name, names.len());
         pods::create_running(&pods, &k.name, &fresh, sleeper.clone()).await;
         names.push(fresh);

@@ -197,6 +197,21 @@ pub fn should_restart(c: &Container, pod_policy: &str, exit_code: i32) -> bool {
     }
 }
 
+/// How long ago a container exited, by the wall clock (container times
+/// are wall-clock times). An exit more than a second "in the future"
+/// means the clock went back since: how long ago is unknown, and waiting
+/// for the clock to catch up would hold a crash loop for as long as the
+/// jump (a day, for an NTP step on a board without a battery), so its
+/// back-off counts as passed — as a jump forward makes it pass, upstream
+/// too.
+fn since_exit(now_nanos: i64, finished_nanos: i64) -> Duration {
+    match now_nanos - finished_nanos {
+        d if d >= 0 => Duration::from_nanos(d as u64),
+        d if d > -1_000_000_000 => Duration::ZERO,
+        _ => Duration::MAX,
+    }
+}
+
 /// One container's step; `true` when it finished successfully for good.
 fn container_step(
     c: &Container,
@@ -249,8 +264,7 @@ fn container_step(
                 .get(&c.name)
                 .or(seeded.as_ref())
                 .filter(|_| !reset);
-            let finished_ago =
-                Duration::from_nanos((at.wall_nanos - latest.finished_at).max(0) as u64);
+            let finished_ago = since_exit(at.wall_nanos, latest.finished_at);
             if let Some(left) = failed {
                 return (mk(Step::RetryLater { left }, reset), false);
             }
@@ -400,6 +414,22 @@ mod tests {
                 start("b", 0, &[])
             ]
         );
+    }
+
+    #[test]
+    fn a_crash_loop_survives_the_clock_going_back() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let mut b = Backoffs::default();
+        b.restart.insert("a".into(), next_backoff(None, now));
+        // Exited 5 s ago: in its 10 s back-off.
+        let a = ctr("a", 1, ContainerState::Exited, 1, 95 * S);
+        let step = &steps(&p, std::slice::from_ref(&a), &b, 100 * S, now)[0].1;
+        assert!(matches!(step, Step::CrashLoop { .. }), "{step:?}");
+        // The clock stepped back a day: not held until it catches up.
+        let back = 100 * S - 86_400 * S;
+        assert_eq!(steps(&p, &[a], &b, back, now), [start("a", 2, &[])]);
+        assert_eq!(since_exit(10 * S, 10 * S + S / 2), Duration::ZERO);
     }
 
     #[test]
