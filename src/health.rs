@@ -52,14 +52,111 @@ impl Heartbeat {
 /// The named checks `/healthz` answers from.
 pub type Checks = Arc<Vec<(&'static str, Heartbeat)>>;
 
-fn respond(checks: &Checks, req: &Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+/// Whether the API server answers, as the lease renewals find it: online,
+/// or offline since when (Unix seconds). Not a health check — an offline
+/// node keeps its pods running and stays healthy — but said by
+/// `/healthz?verbose` and, through a file beside the pod records that
+/// outlives the process, by `kinglet pods ls`.
+#[derive(Clone, Debug)]
+pub struct ApiLink {
+    since: Arc<std::sync::atomic::AtomicI64>,
+    file: Arc<std::path::PathBuf>,
+}
+
+impl ApiLink {
+    /// The link as the last run left it in `file` (offline across a
+    /// restart or a reboot stays offline until the API answers).
+    pub fn new(file: std::path::PathBuf) -> ApiLink {
+        let since = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| t.trim().parse::<jiff::Timestamp>().ok())
+            .map_or(0, |t| t.as_second());
+        ApiLink {
+            since: Arc::new(since.into()),
+            file: Arc::new(file),
+        }
+    }
+
+    /// Offline since (Unix seconds), or `None` while online.
+    pub fn offline_since(&self) -> Option<i64> {
+        Some(self.since.load(Ordering::Relaxed)).filter(|s| *s != 0)
+    }
+
+    /// The API server answered.
+    pub async fn reached(&self) {
+        if self.since.swap(0, Ordering::Relaxed) != 0 {
+            let file = self.file.clone();
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&*file)).await;
+        }
+    }
+
+    /// The API server did not answer: offline from now, unless already.
+    pub async fn lost(&self) {
+        let now = jiff::Timestamp::now().as_second().max(1);
+        if self
+            .since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        let file = self.file.clone();
+        let text = format!("{}\n", Self::format(now));
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::fsutil::write_private_atomic(&file, text.as_bytes(), true)
+        })
+        .await;
+    }
+
+    /// RFC 3339, in seconds.
+    pub fn format(since: i64) -> String {
+        jiff::Timestamp::from_second(since).map_or_else(|_| since.to_string(), |t| t.to_string())
+    }
+}
+
+/// `/healthz?verbose`: each check, the API link, then the verdict.
+fn verbose(checks: &Checks, link: Option<&ApiLink>) -> String {
+    let mut out = String::from("[+]ping ok\n");
+    for (name, hb) in checks.iter() {
+        match hb.healthy() {
+            true => out.push_str(&format!("[+]{name} ok\n")),
+            false => out.push_str(&format!("[-]{name} failed: reason withheld\n")),
+        }
+    }
+    match link.and_then(ApiLink::offline_since) {
+        Some(since) => out.push_str(&format!(
+            "[+]apiserver offline since {}: pods run from the local store\n",
+            ApiLink::format(since)
+        )),
+        None if link.is_some() => out.push_str("[+]apiserver ok\n"),
+        None => {}
+    }
+    out
+}
+
+fn respond(
+    checks: &Checks,
+    link: Option<&ApiLink>,
+    req: &Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     let failed: String = checks
         .iter()
         .filter(|(_, hb)| !hb.healthy())
         // Upstream's wording for a failed check.
         .map(|(name, _)| format!("[-]{name} failed: reason withheld\n"))
         .collect();
+    let verbose_asked = req.uri().query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv == "verbose" || kv.starts_with("verbose="))
+    });
     let (code, body) = match req.uri().path() {
+        "/healthz" if verbose_asked => {
+            let verdict = match failed.is_empty() {
+                true => (StatusCode::OK, "healthz check passed\n"),
+                false => (StatusCode::INTERNAL_SERVER_ERROR, "healthz check failed\n"),
+            };
+            (verdict.0, format!("{}{}", verbose(checks, link), verdict.1))
+        }
         "/healthz" if failed.is_empty() => (StatusCode::OK, "ok".to_string()),
         "/healthz" => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -82,7 +179,12 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serves `/healthz` until `shutdown`.
-pub async fn serve(listener: TcpListener, checks: Checks, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    checks: Checks,
+    link: Option<ApiLink>,
+    shutdown: CancellationToken,
+) {
     loop {
         let (stream, _) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -91,10 +193,10 @@ pub async fn serve(listener: TcpListener, checks: Checks, shutdown: Cancellation
                 Err(e) => { debug!(error = %e, "healthz accept failed"); continue; }
             },
         };
-        let checks = checks.clone();
+        let (checks, link) = (checks.clone(), link.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let resp = respond(&checks, &req);
+                let resp = respond(&checks, link.as_ref(), &req);
                 async move { Ok::<_, Infallible>(resp) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
@@ -192,9 +294,34 @@ mod tests {
         let stop = CancellationToken::new();
         let pleg = Heartbeat::new(Duration::from_secs(60));
         let checks = Arc::new(vec![("syncloop", hb.clone()), ("PLEG", pleg)]);
-        let task = tokio::spawn(serve(l, checks, stop.clone()));
+        let d = tempfile::tempdir().unwrap();
+        let link = ApiLink::new(d.path().join("offline-since"));
+        let task = tokio::spawn(serve(l, checks, Some(link.clone()), stop.clone()));
         let r = get(addr, "/healthz").await;
         assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("ok"), "{r}");
+        let r = get(addr, "/healthz?verbose").await;
+        assert!(
+            r.contains("[+]syncloop ok\n[+]PLEG ok\n[+]apiserver ok\nhealthz check passed"),
+            "{r}"
+        );
+        // Offline: still healthy, and said, with since when; kept in the file.
+        link.lost().await;
+        let since = link.offline_since().unwrap();
+        let r = get(addr, "/healthz?verbose").await;
+        let want = format!("[+]apiserver offline since {}", ApiLink::format(since));
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains(&want), "{r}");
+        assert!(get(addr, "/healthz").await.ends_with("ok"));
+        assert_eq!(
+            ApiLink::new(d.path().join("offline-since")).offline_since(),
+            Some(since)
+        );
+        link.reached().await;
+        assert!(!d.path().join("offline-since").exists());
+        assert!(
+            get(addr, "/healthz?verbose")
+                .await
+                .contains("[+]apiserver ok")
+        );
         assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
         tokio::time::sleep(Duration::from_millis(300)).await;
         let r = get(addr, "/healthz").await;

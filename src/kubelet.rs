@@ -97,11 +97,17 @@ impl Kubelet {
         k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
         let update = s.config.node_status_update_frequency.0;
         let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
-        k.start_healthz(&s, vec![("syncloop", syncloop.clone()), ("PLEG", relist)])
-            .await?;
-        match client {
-            Some(client) => k.start_node(&s, host, client, started.runtime, syncloop)?,
-            None => k.beat_standalone(started.runtime, syncloop, update),
+        // Beside the pod records, where `kinglet pods ls` reads it.
+        let link = client
+            .is_some()
+            .then(|| health::ApiLink::new(s.root_dir.join("pods").join("offline-since")));
+        let checks = vec![("syncloop", syncloop.clone()), ("PLEG", relist)];
+        k.start_healthz(&s, checks, link.clone()).await?;
+        match (client, link) {
+            (Some(client), Some(link)) => {
+                k.start_node(&s, host, client, started.runtime, syncloop, link)?
+            }
+            _ => k.beat_standalone(started.runtime, syncloop, update),
         }
         Ok(k)
     }
@@ -520,6 +526,7 @@ impl Kubelet {
         &mut self,
         s: &Settings,
         checks: Vec<(&'static str, health::Heartbeat)>,
+        link: Option<health::ApiLink>,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         let checks = Arc::new(checks);
@@ -544,7 +551,7 @@ impl Kubelet {
             .await
             .with_context(|| format!("cannot listen on {addr} for /healthz"))?;
         info!(%addr, "serving /healthz");
-        self.spawn(health::serve(listener, checks, self.shutdown.clone()));
+        self.spawn(health::serve(listener, checks, link, self.shutdown.clone()));
         Ok(())
     }
 
@@ -555,6 +562,7 @@ impl Kubelet {
         client: kube::Client,
         runtime: Arc<dyn Runtime>,
         heartbeat: health::Heartbeat,
+        link: health::ApiLink,
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         let host = node::host::HostPaths::default();
@@ -586,6 +594,7 @@ impl Kubelet {
             report_frequency: cfg.node_status_report_frequency.0,
             lease_duration_seconds: cfg.node_lease_duration_seconds,
             heartbeat,
+            link,
         };
         self.spawn(agent.run(self.shutdown.clone()));
         Ok(())

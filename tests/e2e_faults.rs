@@ -281,16 +281,32 @@ fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// `kinglet pods ls` rows as (name, ready, status, restarts).
-fn local_pods(root: &Path) -> Vec<(String, String, String, String)> {
+/// `kinglet pods ls` as it prints.
+fn pods_ls(root: &Path) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kinglet"))
         .arg("--root-dir")
         .arg(root)
         .args(["pods", "ls"])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The local `/healthz?verbose`.
+fn healthz_verbose(k: &Kinglet) -> String {
+    let url = format!("http://127.0.0.1:{}/healthz?verbose", k.healthz_port);
+    let out = std::process::Command::new("curl")
+        .args(["-s", &url])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `kinglet pods ls` rows as (name, ready, status, restarts).
+fn local_pods(root: &Path) -> Vec<(String, String, String, String)> {
+    pods_ls(root)
         .lines()
+        .filter(|l| !l.starts_with("offline since"))
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -395,6 +411,15 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
         names.len(),
         t.elapsed().as_millis()
     );
+    // The node says it is offline, and since when: `kinglet pods ls` and
+    // the local /healthz (still healthy).
+    let ls = pods_ls(&root);
+    assert!(ls.starts_with("offline since 20"), "{ls}");
+    let h = healthz_verbose(&k);
+    assert!(
+        h.contains("[+]apiserver offline since 20") && h.ends_with("healthz check passed\n"),
+        "{h}"
+    );
     let vol_log = dir.path().join("logs");
     let found = std::process::Command::new("grep")
         .args(["-rq", "found-marker"])
@@ -433,6 +458,13 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     }
     // Reconnecting restarts nothing.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    // Online again, said so (the lease renews every 2 s here).
+    assert!(!pods_ls(&root).starts_with("offline"), "{}", pods_ls(&root));
+    assert!(
+        healthz_verbose(&k).contains("[+]apiserver ok"),
+        "{}",
+        healthz_verbose(&k)
+    );
     // One status write per changed pod, not a storm: the status manager
     // sends each pod's newest status once.
     let writes = status_writes(&name) - writes_before;

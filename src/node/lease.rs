@@ -24,6 +24,7 @@ pub async fn run(
     node_name: String,
     duration_seconds: i32,
     mut node_uid: watch::Receiver<Option<String>>,
+    link: crate::health::ApiLink,
     shutdown: CancellationToken,
 ) {
     let api: Api<Lease> = Api::namespaced(client, LEASE_NAMESPACE);
@@ -44,6 +45,7 @@ pub async fn run(
         .await
         {
             Ok(()) => {
+                link.reached().await;
                 if !healthy {
                     info!(node = %node_name, "node lease renewed again");
                     healthy = true;
@@ -54,6 +56,7 @@ pub async fn run(
             Err(e) => {
                 warn!(node = %node_name, error = %e, "failed to renew node lease, will retry");
                 healthy = false;
+                link.lost().await;
                 cached = None;
                 backoff.next_delay().min(interval)
             }

@@ -126,6 +126,8 @@ pub struct NodeAgent {
     pub report_frequency: Duration,
     pub lease_duration_seconds: i32,
     pub heartbeat: Heartbeat,
+    /// Online or offline since when, as the lease renewals find it.
+    pub link: crate::health::ApiLink,
 }
 
 impl NodeAgent {
@@ -137,6 +139,7 @@ impl NodeAgent {
             self.template.name.clone(),
             self.lease_duration_seconds,
             uid_rx,
+            self.link.clone(),
             shutdown.clone(),
         ));
         let (node_tx, node_rx) = watch::channel::<Option<Node>>(None);

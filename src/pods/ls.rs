@@ -1,5 +1,7 @@
 //! `kinglet pods ls`: the pod records the status manager writes, shown
-//! as `kubectl get pods` does. Works with or without a running agent.
+//! as `kubectl get pods` does, under a line saying since when the node has
+//! been offline, if it is (the `offline-since` file the lease task keeps).
+//! Works with or without a running agent.
 
 use std::path::Path;
 
@@ -75,5 +77,12 @@ pub fn table(dir: &Path) -> String {
             age,
         ]);
     }
-    crate::table::render(&rows)
+    let link = crate::health::ApiLink::new(dir.join("offline-since"));
+    let offline = link.offline_since().map_or(String::new(), |since| {
+        format!(
+            "offline since {}: the API server is unreachable; pods run from the local store\n",
+            crate::health::ApiLink::format(since)
+        )
+    });
+    offline + &crate::table::render(&rows)
 }
