@@ -86,15 +86,14 @@ async fn first_container(pods: &Api<Pod>, name: &str) -> Option<(String, i32, bo
     Some((c.container_id.unwrap_or_default(), c.restart_count, running))
 }
 
-#[tokio::test]
-async fn a_killed_monitor_is_replaced_and_its_containers_taken_over() {
-    let admin = admin().await;
-    let (k, _logs) = join_logged(Rt::Oci, "kl-monkill", &[pods::busybox_archive()]);
+/// Once the node is Ready, a pod on it logging `line N` every `every`
+/// seconds: (the pods API, its name).
+async fn talker(admin: &kube::Client, k: &Kinglet, every: &str) -> (Api<Pod>, String) {
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let name = format!("{}-talk", k.name);
-    let talk = "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.05; done";
+    let talk = format!("i=0; while true; do echo line $i; i=$((i+1)); sleep {every}; done");
     pods::create_running(
         &pods,
         &k.name,
@@ -103,6 +102,14 @@ async fn a_killed_monitor_is_replaced_and_its_containers_taken_over() {
             "imagePullPolicy": "Never", "command": ["sh", "-c", talk]}]}),
     )
     .await;
+    (pods, name)
+}
+
+#[tokio::test]
+async fn a_killed_monitor_is_replaced_and_its_containers_taken_over() {
+    let admin = admin().await;
+    let (k, _logs) = join_logged(Rt::Oci, "kl-monkill", &[pods::busybox_archive()]);
+    let (pods, name) = talker(&admin, &k, "0.05").await;
     let root = k.dir.path().join("root");
     let rec = running_record(&root).expect("a running container");
     let (pid, log) = (
@@ -716,18 +723,7 @@ async fn a_full_root_filesystem_stops_no_pod_and_recovers() {
     );
     // (Dropped in reverse: kinglet and its monitor first, then the bind
     // mount, then the filesystem, also when a check fails.)
-    let nodes: Api<Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let name = format!("{}-talk", k.name);
-    let talk = "i=0; while true; do echo line $i; i=$((i+1)); sleep 0.2; done";
-    pods::create_running(
-        &pods,
-        &k.name,
-        &name,
-        serde_json::json!({"containers": [{"name": "c", "image": BB, "command": ["sh", "-c", talk]}]}),
-    )
-    .await;
+    let (pods, name) = talker(&admin, &k, "0.2").await;
     let (id, _, _) = first_container(&pods, &name).await.unwrap();
     let log = std::fs::read_dir(&logs)
         .unwrap()
