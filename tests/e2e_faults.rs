@@ -343,9 +343,7 @@ async fn an_offline_reboot_brings_every_pod_back_and_reconnecting_restarts_nothi
     k.extra_args = net.args(&dir.path().join("logs"));
     let root = k.dir.path().join("root");
     k.set_runtime(rt);
-    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
-    k.import(pods::busybox_archive());
-    k.spawn();
+    k.spawn_with_busybox();
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -815,9 +813,7 @@ async fn a_long_outage_under_crash_loops_loses_nothing() {
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
     k.kubeconfig_override = Some(gate.kubeconfig(&name, &dir.path().join("gated.kubeconfig")));
     let root = k.dir.path().join("root");
-    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
-    k.import(pods::busybox_archive());
-    k.spawn();
+    k.spawn_with_busybox();
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -942,9 +938,7 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     let mut k = Kinglet::unstarted(&name, FAST_CONFIG);
     k.extra_args = net.args(&dir.path().join("logs"));
     k.set_runtime(Rt::Cri);
-    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
-    k.import(pods::busybox_archive());
-    k.spawn();
+    k.spawn_with_busybox();
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
@@ -1079,9 +1073,7 @@ async fn a_wall_clock_jump_of_a_day_restarts_nothing() {
     ]
     .map(|(a, b)| (a.to_string(), b.to_string()))
     .to_vec();
-    std::fs::create_dir_all(k.dir.path().join("root")).unwrap();
-    k.import(pods::busybox_archive());
-    k.spawn();
+    k.spawn_with_busybox();
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");

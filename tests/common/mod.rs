@@ -397,6 +397,14 @@ impl Kinglet {
     }
 
     /// Starts the process (again) on the same root dir and config.
+    /// Loads the busybox test image into the node's runtime and starts
+    /// it (a node made with `unstarted`).
+    pub fn spawn_with_busybox(&mut self) {
+        std::fs::create_dir_all(self.dir.path().join("root")).unwrap();
+        self.import(pods::busybox_archive());
+        self.spawn();
+    }
+
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
         let log = std::fs::OpenOptions::new()
