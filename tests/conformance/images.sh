@@ -32,10 +32,17 @@ with_libs() {
   local r=$1 exe=$2 dest=$3
   mkdir -p "$r$(dirname "$dest")"
   cp "$exe" "$r$dest"
-  for lib in $(ldd "$exe" | awk '/=>/ {print $3} /^\s*\/lib/ {print $1}'); do
+  # [[:space:]], not \s: Debian's default awk (mawk) reads \s as "s", and
+  # the loader line was missed (the image's curl then was "not found").
+  for lib in $(ldd "$exe" | awk '/=>/ {print $3} /^[[:space:]]*\/lib/ {print $1}'); do
     mkdir -p "$r$(dirname "$lib")"
     cp -L "$lib" "$r$lib"
   done
+  # A missing loader or library shows here (127: cannot execute), not as
+  # a spec failing later.
+  local rc=0
+  chroot "$r" "$dest" --version >/dev/null 2>&1 </dev/null || rc=$?
+  [ "$rc" != 127 ] || { echo "images.sh: $exe does not run inside its image" >&2; return 1; }
 }
 
 # image NAME:TAG BUILD_FN [umoci config flags...]: a one-layer image from
