@@ -414,3 +414,35 @@ async fn runtime_down_at_start_makes_no_second_sandbox() {
     let _ = rt.version().await;
     n.stop.cancel();
 }
+
+#[tokio::test(start_paused = true)]
+async fn sidecars_stop_after_the_main_containers_in_reverse_order() {
+    let n = node();
+    let spec = "  initContainers:\n  - {name: s1, image: 'busybox:1', restartPolicy: Always}\n  - {name: s2, image: 'busybox:1', restartPolicy: Always}\n  containers: [{name: a, image: 'busybox:1'}]\n";
+    let p = pod("u1", spec);
+    n.send(vec![p.clone()]).await;
+    n.until(Duration::from_secs(5), |n| {
+        n.phase("u1").as_deref() == Some("Running") && n.rt.containers().len() == 3
+    })
+    .await;
+    let id_of = |name: &str| {
+        let c = n.rt.containers().into_iter().find(|c| c.name == name);
+        c.unwrap().id
+    };
+    let ids = [id_of("a"), id_of("s2"), id_of("s1")];
+    n.send(vec![deleting(p)]).await;
+    n.until(Duration::from_secs(10), |n| {
+        n.calls("remove_pod_sandbox") == 1
+    })
+    .await;
+    // A main container's preStop may need a sidecar: main first, then the
+    // sidecars, last started first stopped.
+    let stops: Vec<String> = n
+        .rt
+        .calls()
+        .into_iter()
+        .filter_map(|c| c.strip_prefix("stop ").map(str::to_string))
+        .collect();
+    assert_eq!(stops, ids, "{:?}", n.rt.calls());
+    n.stop.cancel();
+}

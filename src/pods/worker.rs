@@ -285,11 +285,36 @@ impl Worker {
             .filter(|c| c.state != ContainerState::Exited)
             .filter_map(|st| Self::container(pod, &st.name).map(|c| (c, st)))
             .collect();
-        let stops = running.iter().map(|(c, st)| {
+        // Sidecars (restartable init containers) outlive the rest, then stop
+        // one by one in reverse order, as upstream's termination ordering:
+        // a main container's preStop hook may still need one (a proxy, a
+        // server on the pod's network).
+        let sidecar_rank = |name: &str| {
+            let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref());
+            inits?
+                .iter()
+                .position(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+        };
+        let (mut sidecars, rest): (Vec<_>, Vec<_>) = running
+            .iter()
+            .partition(|(c, _)| sidecar_rank(&c.name).is_some());
+        let deadline = Instant::now() + grace;
+        let stops = rest.iter().map(|(c, st)| {
             let msg = format!("Stopping container {}", c.name);
             self.kill_container(pod, c, &st.id, grace, msg)
         });
         futures::future::join_all(stops).await;
+        sidecars.sort_by_key(|(c, _)| std::cmp::Reverse(sidecar_rank(&c.name)));
+        for (c, st) in sidecars {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let left = if grace.is_zero() {
+                left
+            } else {
+                left.max(MIN_GRACE_AFTER_HOOK)
+            };
+            let msg = format!("Stopping container {}", c.name);
+            self.kill_container(pod, c, &st.id, left, msg).await;
+        }
         self.acted();
         let current = self.cache.newer_than(&self.uid, self.last_action).await;
         self.report(pod, &current, self.sandbox.is_some()).await;
