@@ -140,10 +140,13 @@ rm -f "$out"/junit*.xml
 rc=$?
 set -e
 python3 - "$out" "$(( $(date +%s) - start ))" "$runtime" <<'PY'
-import glob, sys, xml.etree.ElementTree as ET
+import glob, os, sys, xml.etree.ElementTree as ET
 out, wall, runtime = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cases = {}
-for f in sorted(glob.glob(f"{out}/junit*.xml")):
+# The CLI's merged report when there is one: a failing spec also leaves
+# a per-process report (junit_01.xml) that would count everything twice.
+reports = [f"{out}/junit.xml"] if os.path.exists(f"{out}/junit.xml") else sorted(glob.glob(f"{out}/junit*.xml"))
+for f in reports:
     for tc in ET.parse(f).getroot().iter("testcase"):
         name = tc.get("name", "")
         if name.startswith("[SynchronizedBeforeSuite]") or name.startswith("[SynchronizedAfterSuite]") \
