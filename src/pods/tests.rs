@@ -437,12 +437,11 @@ async fn sidecars_stop_after_the_main_containers_in_reverse_order() {
     .await;
     // A main container's preStop may need a sidecar: main first, then the
     // sidecars, last started first stopped.
-    let stops: Vec<String> = n
-        .rt
-        .calls()
-        .into_iter()
-        .filter_map(|c| c.strip_prefix("stop ").map(str::to_string))
-        .collect();
+    let stops: Vec<String> =
+        n.rt.calls()
+            .into_iter()
+            .filter_map(|c| c.strip_prefix("stop ").map(str::to_string))
+            .collect();
     assert_eq!(stops, ids, "{:?}", n.rt.calls());
     n.stop.cancel();
 }
