@@ -82,12 +82,14 @@ impl ApiLink {
         Some(self.since.load(Ordering::Relaxed)).filter(|s| *s != 0)
     }
 
-    /// The API server answered.
-    pub async fn reached(&self) {
-        if self.since.swap(0, Ordering::Relaxed) != 0 {
-            let file = self.file.clone();
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&*file)).await;
+    /// The API server answered. True if it was offline until now.
+    pub async fn reached(&self) -> bool {
+        if self.since.swap(0, Ordering::Relaxed) == 0 {
+            return false;
         }
+        let file = self.file.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&*file)).await;
+        true
     }
 
     /// The API server did not answer: offline from now, unless already.
@@ -114,14 +116,19 @@ impl ApiLink {
     }
 }
 
+/// One check as upstream's healthz prints it (a failure's reason withheld).
+fn check_line(name: &str, hb: &Heartbeat) -> String {
+    match hb.healthy() {
+        true => format!("[+]{name} ok\n"),
+        false => format!("[-]{name} failed: reason withheld\n"),
+    }
+}
+
 /// `/healthz?verbose`: each check, the API link, then the verdict.
 fn verbose(checks: &Checks, link: Option<&ApiLink>) -> String {
     let mut out = String::from("[+]ping ok\n");
     for (name, hb) in checks.iter() {
-        match hb.healthy() {
-            true => out.push_str(&format!("[+]{name} ok\n")),
-            false => out.push_str(&format!("[-]{name} failed: reason withheld\n")),
-        }
+        out.push_str(&check_line(name, hb));
     }
     match link.and_then(ApiLink::offline_since) {
         Some(since) => out.push_str(&format!(
@@ -142,8 +149,7 @@ fn respond(
     let failed: String = checks
         .iter()
         .filter(|(_, hb)| !hb.healthy())
-        // Upstream's wording for a failed check.
-        .map(|(name, _)| format!("[-]{name} failed: reason withheld\n"))
+        .map(|(name, hb)| check_line(name, hb))
         .collect();
     let verbose_asked = req.uri().query().is_some_and(|q| {
         q.split('&')

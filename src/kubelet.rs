@@ -103,11 +103,11 @@ impl Kubelet {
             .then(|| health::ApiLink::new(s.root_dir.join("pods").join("offline-since")));
         let checks = vec![("syncloop", syncloop.clone()), ("PLEG", relist)];
         k.start_healthz(&s, checks, link.clone()).await?;
-        match (client, link) {
-            (Some(client), Some(link)) => {
+        match client.zip(link) {
+            Some((client, link)) => {
                 k.start_node(&s, host, client, started.runtime, syncloop, link)?
             }
-            _ => k.beat_standalone(started.runtime, syncloop, update),
+            None => k.beat_standalone(started.runtime, syncloop, update),
         }
         Ok(k)
     }

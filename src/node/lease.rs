@@ -32,7 +32,6 @@ pub async fn run(
     // Upstream retries a failed renewal from 200 ms, doubling, up to 7 s.
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(7));
     let mut cached: Option<Lease> = None;
-    let mut healthy = true;
     loop {
         let uid = node_uid.borrow_and_update().clone();
         let wait = match renew(
@@ -45,17 +44,14 @@ pub async fn run(
         .await
         {
             Ok(()) => {
-                link.reached().await;
-                if !healthy {
+                if link.reached().await {
                     info!(node = %node_name, "node lease renewed again");
-                    healthy = true;
                 }
                 backoff.reset();
                 interval
             }
             Err(e) => {
                 warn!(node = %node_name, error = %e, "failed to renew node lease, will retry");
-                healthy = false;
                 link.lost().await;
                 cached = None;
                 backoff.next_delay().min(interval)

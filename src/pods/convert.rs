@@ -308,7 +308,6 @@ pub fn contained_path(base: &std::path::Path, parts: &[&str]) -> Option<std::pat
         .try_fold(base.to_path_buf(), |p, part| contained_child(&p, part))
 }
 
-/// `namespace/name`, for logs and messages.
 /// The pod's ephemeral containers (`kubectl debug`) as containers: the
 /// same fields but `targetContainerName`, which kinglet does not act on
 /// (the pod's containers do not share a PID namespace per target; a
@@ -325,6 +324,12 @@ pub fn ephemeral_containers(spec: &PodSpec) -> Vec<Container> {
         .collect()
 }
 
+/// A sidecar: an init container that restarts (`restartPolicy: Always`).
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// `namespace/name`, for logs and messages.
 pub fn pod_name(pod: &Pod) -> String {
     format!(
         "{}/{}",

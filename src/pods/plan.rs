@@ -133,7 +133,7 @@ pub fn plan(
     };
     let mut steps = Vec::new();
     for ic in spec.init_containers.iter().flatten() {
-        let sidecar = ic.restart_policy.as_deref() == Some("Always");
+        let sidecar = super::convert::is_sidecar(ic);
         let ic_policy = match (sidecar, policy) {
             (true, _) => "Always",
             (false, "Never") => "Never",

@@ -226,7 +226,7 @@ pub fn pod_status(
     let sidecars: Vec<KStatus> = inits
         .iter()
         .zip(spec.init_containers.iter().flatten())
-        .filter(|(_, c)| c.restart_policy.as_deref() == Some("Always"))
+        .filter(|(_, c)| super::convert::is_sidecar(c))
         .map(|(s, _)| s.clone())
         .collect();
     let mut conditions = conditions(phase, &sidecars, &regular, &init, sandbox_ready);
@@ -274,7 +274,7 @@ impl InitProgress {
             spec.init_containers
                 .iter()
                 .flatten()
-                .any(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+                .any(|c| c.name == name && super::convert::is_sidecar(c))
         };
         let running = |s: &KStatus| s.state.as_ref().is_some_and(|st| st.running.is_some());
         InitProgress {

@@ -285,15 +285,27 @@ impl Worker {
             .filter(|c| c.state != ContainerState::Exited)
             .filter_map(|st| Self::container(pod, &st.name).map(|c| (c, st)))
             .collect();
-        // Sidecars (restartable init containers) outlive the rest, then stop
-        // one by one in reverse order, as upstream's termination ordering:
-        // a main container's preStop hook may still need one (a proxy, a
-        // server on the pod's network).
+        self.stop_in_order(pod, &running, grace).await;
+        self.acted();
+        let current = self.cache.newer_than(&self.uid, self.last_action).await;
+        self.report(pod, &current, self.sandbox.is_some()).await;
+    }
+
+    /// Stops `running` within `grace`. Sidecars (restartable init
+    /// containers) outlive the rest, then stop one by one in reverse order,
+    /// as upstream's termination ordering: a main container's preStop hook
+    /// may still need one (a proxy, a server on the pod's network).
+    async fn stop_in_order(
+        &self,
+        pod: &Pod,
+        running: &[(Container, &ContainerStatus)],
+        grace: Duration,
+    ) {
         let sidecar_rank = |name: &str| {
             let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref());
             inits?
                 .iter()
-                .position(|c| c.name == name && c.restart_policy.as_deref() == Some("Always"))
+                .position(|c| c.name == name && convert::is_sidecar(c))
         };
         let (mut sidecars, rest): (Vec<_>, Vec<_>) = running
             .iter()
@@ -315,9 +327,6 @@ impl Worker {
             let msg = format!("Stopping container {}", c.name);
             self.kill_container(pod, c, &st.id, left, msg).await;
         }
-        self.acted();
-        let current = self.cache.newer_than(&self.uid, self.last_action).await;
-        self.report(pod, &current, self.sandbox.is_some()).await;
     }
 
     /// Kills one container as upstream's `killContainer`: the `Killing`
@@ -392,7 +401,7 @@ impl Worker {
             .init_containers
             .iter()
             .flatten()
-            .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+            .filter(|c| convert::is_sidecar(c));
         sidecars
             .chain(spec.containers.iter())
             .filter_map(|c| {
