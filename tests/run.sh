@@ -35,7 +35,7 @@ echo "== tests (unit and end to end)"
 # One test binary at a time (cargo's default); within a binary, tests share
 # the control plane and use private node names, dirs and ports.
 set +e
-cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test.log
+cargo test --workspace --locked --no-fail-fast -- --nocapture 2>&1 | tee target/test.log
 rc=${PIPESTATUS[0]}
 echo "== conformance: the fast subset (tests/conformance/ci-specs.txt), both runtimes"
 # Upstream's own specs against a kinglet node (the debug build the tests

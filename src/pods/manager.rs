@@ -111,6 +111,11 @@ impl PodManager {
         };
         let mut relist = tokio::time::interval(period);
         relist.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gc = tokio::time::interval_at(
+            tokio::time::Instant::now() + CONTAINER_GC_PERIOD,
+            CONTAINER_GC_PERIOD,
+        );
+        gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.pleg.cache();
         loop {
             tokio::select! {
@@ -127,6 +132,7 @@ impl PodManager {
                     self.workers.kill(&uid, k);
                 }
                 _ = relist.tick() => self.relist().await,
+                _ = gc.tick() => self.collect_sandboxes(),
                 _ = cache.wanted() => self.relist().await,
                 _ = async {
                     match &changes {
@@ -159,6 +165,36 @@ impl PodManager {
             }
             Err(e) => warn!(error = %e, "relisting containers failed"),
         }
+    }
+
+    /// Upstream's container GC for sandboxes: one whose pod has no worker
+    /// and no source any more is removed (a removal that failed in the
+    /// pod's cleanup, say a CNI DEL refused, is tried again here). Only
+    /// sandboxes made before this look: a pod added meanwhile is not
+    /// judged on a stale list.
+    fn collect_sandboxes(&self) {
+        if !self.cleaned {
+            return;
+        }
+        let mut keep: BTreeSet<String> = self.sources.desired().into_keys().collect();
+        keep.extend(self.workers.uids().cloned());
+        let before = jiff::Timestamp::now().as_nanosecond() as i64;
+        let runtime = self.runtime.clone();
+        tokio::spawn(async move {
+            for s in runtime.list_pod_sandboxes().await.unwrap_or_default() {
+                if keep.contains(&s.pod_uid) || s.created_at >= before {
+                    continue;
+                }
+                match runtime.remove_pod_sandbox(&s.id).await {
+                    Ok(()) => {
+                        info!(sandbox = %s.id, pod_uid = %s.pod_uid, "removed the sandbox of a pod that is gone")
+                    }
+                    Err(e) => {
+                        warn!(sandbox = %s.id, pod_uid = %s.pod_uid, error = %e, "cannot remove the sandbox of a pod that is gone")
+                    }
+                }
+            }
+        });
     }
 
     fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
@@ -300,7 +336,10 @@ impl PodManager {
 
 /// Upstream's `ContainerGCPeriod`: a removed pod's logs stay readable this
 /// long, then its log dir goes, as upstream's container GC removes it.
-pub const LOG_DIR_GRACE: Duration = Duration::from_secs(60);
+pub const LOG_DIR_GRACE: Duration = CONTAINER_GC_PERIOD;
+
+/// Upstream's `ContainerGCPeriod` (one minute).
+const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
 
 async fn remove_log_dir_later(dir: std::path::PathBuf, shutdown: CancellationToken) {
     tokio::select! {

@@ -63,6 +63,11 @@ impl PodWorkers {
         self.slots.get(uid).map(|s| s.phase)
     }
 
+    /// UIDs with a worker, in any phase.
+    pub fn uids(&self) -> impl Iterator<Item = &String> {
+        self.slots.keys()
+    }
+
     /// UIDs with a worker in the given phase.
     pub fn in_phase(&self, phase: Phase) -> impl Iterator<Item = &String> {
         self.slots

@@ -287,6 +287,27 @@ async fn a_restarted_agent_adopts_what_runs() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_sandbox_whose_removal_failed_is_collected_within_a_gc_period() {
+    let n = node();
+    n.send(vec![pod("u1", ONE)]).await;
+    n.until(Duration::from_secs(3), |n| {
+        n.phase("u1").as_deref() == Some("Running")
+    })
+    .await;
+    n.rt.fail_sandbox_removals(1);
+    n.send(vec![]).await;
+    n.until(Duration::from_secs(5), |n| {
+        n.calls("remove_pod_sandbox") == 1
+    })
+    .await;
+    assert_eq!(n.rt.sandboxes().len(), 1, "the failed removal left it");
+    n.until(Duration::from_secs(70), |n| n.rt.sandboxes().is_empty())
+        .await;
+    assert_eq!(n.calls("remove_pod_sandbox"), 2);
+    n.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_kill_request_fails_the_pod_and_keeps_it_until_removed() {
     let n = node();
     n.send(vec![pod("u1", ONE)]).await;

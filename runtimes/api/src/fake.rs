@@ -33,6 +33,8 @@ struct FakeState {
     exec_exits: BTreeMap<String, i32>,
     /// Recorded calls, e.g. `start <name>`.
     pub calls: Vec<String>,
+    /// How many sandbox removals still fail (a refused CNI DEL, say).
+    failing_sandbox_removals: usize,
     /// Container times follow tokio's (pausable) clock from this base.
     tokio_clock: Option<(i64, tokio::time::Instant)>,
 }
@@ -84,6 +86,7 @@ impl FakeRuntime {
                 exits: BTreeMap::new(),
                 exec_exits: BTreeMap::new(),
                 calls: Vec::new(),
+                failing_sandbox_removals: 0,
                 tokio_clock: None,
             }),
             status_calls: AtomicUsize::new(0),
@@ -99,6 +102,16 @@ impl FakeRuntime {
     /// What an exec in container `id` exits with from now on.
     pub fn set_exec_exit(&self, id: &str, code: i32) {
         self.lock().exec_exits.insert(id.into(), code);
+    }
+
+    /// Makes the next `n` sandbox removals fail (the sandbox stays).
+    pub fn fail_sandbox_removals(&self, n: usize) {
+        self.lock().failing_sandbox_removals = n;
+    }
+
+    /// The sandboxes that exist.
+    pub fn sandboxes(&self) -> Vec<SandboxStatus> {
+        self.lock().sandboxes.values().cloned().collect()
     }
 
     /// Makes every call fail as if the runtime's socket were gone.
@@ -254,6 +267,12 @@ impl Runtime for FakeRuntime {
         Box::pin(async move {
             let mut s = self.lock();
             s.calls.push(format!("remove_pod_sandbox {id}"));
+            if s.failing_sandbox_removals > 0 {
+                s.failing_sandbox_removals -= 1;
+                return Err(RuntimeError::Other(format!(
+                    "sandbox {id}: teardown refused"
+                )));
+            }
             s.sandboxes.remove(id);
             Ok(())
         })

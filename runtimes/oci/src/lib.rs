@@ -85,6 +85,11 @@ struct SandboxMeta {
     /// The boot it was made in: a sandbox of an earlier boot is dead.
     #[serde(default)]
     boot_id: String,
+    /// Set while the sandbox is being made (recorded first, so a crash
+    /// midway still tears down what was made): one a crash left half
+    /// made, its network perhaps not set up, is not ready.
+    #[serde(default)]
+    setting_up: bool,
 }
 
 impl SandboxMeta {
@@ -94,7 +99,7 @@ impl SandboxMeta {
     /// pod then gets a new sandbox, as upstream makes one for a sandbox
     /// that is not ready.
     fn ready(&self, boot: &str) -> bool {
-        if !procid::same_boot(&self.boot_id, boot) {
+        if self.setting_up || !procid::same_boot(&self.boot_id, boot) {
             return false;
         }
         [&self.netns, &self.ipc, &self.uts]
@@ -320,6 +325,13 @@ impl OciRuntime {
         .unwrap_or_default();
         if !swept.is_empty() {
             tracing::info!(containers = ?swept, "removed container dirs a crash left without a monitor record");
+        }
+        let sandboxes = self.dir.join("sandboxes");
+        let swept = blocking(move || Ok(sweep_unrecorded_sandboxes(&sandboxes)))
+            .await
+            .unwrap_or_default();
+        if !swept.is_empty() {
+            tracing::info!(sandboxes = ?swept, "removed sandbox dirs a crash left without a record");
         }
     }
 
@@ -856,6 +868,7 @@ impl Runtime for OciRuntime {
                 ipc: None,
                 uts: None,
                 boot_id: self.boot_id.clone(),
+                setting_up: true,
             };
             let with_net = self.cni.is_some() && !cfg.host_network;
             let ns = network::PodNamespaces {
@@ -914,6 +927,7 @@ impl Runtime for OciRuntime {
                     return Err(e);
                 }
             }
+            meta.setting_up = false;
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("sandbox meta", e))?;
             Ok(SandboxStatus {
@@ -1381,8 +1395,61 @@ impl Runtime for OciRuntime {
     }
 }
 
+/// Removes the sandbox dirs under `sandboxes` that have no `meta.json`:
+/// a crash between making the dir and recording it, or midway through
+/// removing it, leaves one that no listing shows and so nothing would
+/// ever remove. Nothing outside the dir exists before the record does;
+/// the namespace files are unmounted first all the same, in case a crash
+/// cut a removal short after the record went. Run at start only, before
+/// any worker makes a sandbox (a sandbox being made has no record yet).
+fn sweep_unrecorded_sandboxes(sandboxes: &Path) -> Vec<String> {
+    let mut swept = Vec::new();
+    for e in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
+        let dir = e.path();
+        if dir.join("meta.json").exists() {
+            continue;
+        }
+        for ns in ["netns", "ipcns", "utsns"] {
+            let f = dir.join(ns);
+            if f.exists() {
+                network::remove_netns(&f);
+            }
+        }
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            swept.push(e.file_name().to_string_lossy().into_owned());
+        }
+    }
+    swept
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_sandbox_a_crash_left_half_made_is_not_ready() {
+        let mut m = super::SandboxMeta {
+            boot_id: "b1".into(),
+            setting_up: true,
+            ..Default::default()
+        };
+        assert!(!m.ready("b1"));
+        m.setting_up = false;
+        assert!(m.ready("b1"));
+    }
+
+    #[test]
+    fn sandbox_dirs_without_a_record_are_swept_and_recorded_ones_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let kept = d.path().join("a");
+        let half = d.path().join("b");
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::create_dir_all(&half).unwrap();
+        std::fs::write(kept.join("meta.json"), "{}").unwrap();
+        std::fs::write(half.join("hosts"), "127.0.0.1 localhost\n").unwrap();
+        assert_eq!(super::sweep_unrecorded_sandboxes(d.path()), vec!["b"]);
+        assert!(kept.join("meta.json").exists());
+        assert!(!half.exists());
+    }
+
     #[test]
     fn cgroup_usage_v1_and_v2() {
         let d = tempfile::tempdir().unwrap();
