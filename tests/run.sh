@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (as root): installs what is missing,
 # starts the loopback control plane, runs lint, unit and end-to-end tests,
-# a fast subset of upstream's node conformance specs,
+# a fast subset of upstream's node conformance specs, the cluster add-ons
+# (kube-proxy, CoreDNS, metrics-server) on a kinglet node,
 # cross-builds the static binaries for x86_64, aarch64 and armv7 and runs
 # the foreign ones under qemu, checks the Yocto layer, fuzzes each target
 # briefly, and stops everything it started.
@@ -46,6 +47,13 @@ crc=${PIPESTATUS[0]}
 # The same specs through containerd (--runtime cri).
 tests/conformance/ci.sh --runtime cri 2>&1 | tee -a target/conformance-ci.log
 [ "${PIPESTATUS[0]}" = 0 ] || crc=1
+echo "== add-ons: kube-proxy, CoreDNS and metrics-server on a kinglet node, both runtimes"
+# The cluster's own add-ons, built from their Go modules, on a control
+# plane of their own (tests/addons/run.sh).
+tests/addons/run.sh 2>&1 | tee target/addons-ci.log
+arc=${PIPESTATUS[0]}
+tests/addons/run.sh --runtime cri 2>&1 | tee -a target/addons-ci.log
+[ "${PIPESTATUS[0]}" = 0 ] || arc=1
 echo "== fuzzing: each target 30 s (tests/fuzz.sh; its corpus is the regression set)"
 KINGLET_FUZZ_BUILD=dev tests/fuzz.sh 30 2>&1 | tee target/fuzz.log
 frc=${PIPESTATUS[0]}
@@ -58,9 +66,11 @@ echo "== figures"
 grep -E '^figure:' target/test.log || true
 sed -n 's/^\(target\/.*\/kinglet\): \([0-9]*\) bytes$/figure: static binary \1 \2 bytes/p' target/cross.log || true
 grep -E '^conformance' target/conformance-ci.log || true
+grep -E '^figure:|^addons \(' target/addons-ci.log || true
 grep -E '^figure:' target/fuzz.log || true
 echo "suite time: $(( $(date +%s) - start )) s"
 if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then failed=1; fi
 echo "$passed passed, $failed failed, $ignored skipped"
 [ "$frc" = 0 ] || echo "fuzzing found a crash (target/fuzz.log)"
-[ "$rc" = 0 ] && [ "$crc" = 0 ] && [ "$frc" = 0 ]
+[ "$arc" = 0 ] || echo "the add-ons test failed (target/addons-ci.log)"
+[ "$rc" = 0 ] && [ "$crc" = 0 ] && [ "$arc" = 0 ] && [ "$frc" = 0 ]

@@ -414,7 +414,26 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
             .map(|s| (s.name.clone(), s.value.clone()))
             .collect(),
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
+        privileged: has_privileged_container(&spec),
     }
+}
+
+/// Upstream's `HasPrivilegedContainer`: any init, regular or ephemeral
+/// container with `securityContext.privileged`.
+fn has_privileged_container(spec: &k8s_openapi::api::core::v1::PodSpec) -> bool {
+    let privileged = |sc: Option<&k8s_openapi::api::core::v1::SecurityContext>| {
+        sc.and_then(|s| s.privileged) == Some(true)
+    };
+    let regular = spec.containers.iter();
+    let init = spec.init_containers.iter().flatten();
+    regular
+        .chain(init)
+        .any(|c| privileged(c.security_context.as_ref()))
+        || spec
+            .ephemeral_containers
+            .iter()
+            .flatten()
+            .any(|c| privileged(c.security_context.as_ref()))
 }
 
 /// The pod's `/etc/resolv.conf` by its `dnsPolicy` and `dnsConfig`, as
@@ -1521,6 +1540,19 @@ mod tests {
             .insert((ObjectKind::Secret, "s".into()), data(&[("other", "x")]));
         let e = container_config(&p, c, 0, &NodeContext::default(), &objs).unwrap_err();
         assert_eq!(e.0, "couldn't find key pw in Secret edge/s");
+    }
+
+    #[test]
+    fn a_sandbox_is_privileged_when_any_container_is() {
+        let node = NodeContext::default();
+        let plain = pod(&format!(
+            "{BASE}spec:\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        assert!(!sandbox_config(&plain, &node).privileged);
+        let init = pod(&format!(
+            "{BASE}spec:\n  initContainers: [{{name: i, image: x, securityContext: {{privileged: true}}}}]\n  containers: [{{name: a, image: x}}]\n"
+        ));
+        assert!(sandbox_config(&init, &node).privileged);
     }
 
     #[test]

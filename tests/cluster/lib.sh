@@ -8,6 +8,16 @@ APISERVER_PORT=${KINGLET_APISERVER_PORT:-16443}
 KCM_PORT=${KINGLET_KCM_PORT:-20257}
 SCHEDULER_PORT=${KINGLET_SCHEDULER_PORT:-20259}
 METRICS_SERVER_PORT=${KINGLET_METRICS_SERVER_PORT:-20443}
+# The Service range, and the address the apiserver advertises as the
+# `kubernetes` Service's endpoint: loopback (no endpoint: pods cannot reach
+# the API through the Service) unless a test that runs kube-proxy gives an
+# address pods reach (the add-ons test: its pods' bridge gateway).
+SERVICE_CIDR=${KINGLET_SERVICE_CIDR:-10.0.0.0/24}
+KUBERNETES_SERVICE_IP=$(python3 -c 'import ipaddress,sys; print(ipaddress.ip_network(sys.argv[1])[1])' "$SERVICE_CIDR")
+ADVERTISE_ADDRESS=${KINGLET_APISERVER_ADVERTISE:-127.0.0.1}
+# host: metrics-server runs beside the control plane; none: not at all (a
+# test deploys it as a pod).
+METRICS_SERVER=${KINGLET_METRICS_SERVER:-host}
 PKI=$CLUSTER_DIR/pki
 PIDS=$CLUSTER_DIR/pids
 LOGS=$CLUSTER_DIR/logs

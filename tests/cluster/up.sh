@@ -21,7 +21,7 @@ if [ ! -s "$PKI/ca.crt" ]; then
 fi
 sign apiserver kube-apiserver "" \
   "extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:$KUBERNETES_SERVICE_IP,IP:$ADVERTISE_ADDRESS,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 sign admin kinglet-admin system:masters
 sign apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
 sign controller-manager system:kube-controller-manager ""
@@ -78,12 +78,16 @@ rules:
   resources: [{group: "", resources: [pods]}]
 - level: None
 YAML
+# On loopback unless an address pods reach is advertised (then the
+# `kubernetes` Service gets it as its endpoint, as in a real cluster).
+bind=127.0.0.1 reconciler=none
+if [ "$ADVERTISE_ADDRESS" != 127.0.0.1 ]; then bind=0.0.0.0 reconciler=lease; fi
 # As in production: the Node authorizer and NodeRestriction are on.
 start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
   --audit-policy-file "$CLUSTER_DIR/audit-policy.yaml" --audit-log-path "$LOGS/audit.log" \
   --audit-log-maxsize 100 --audit-log-maxbackup 1 \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
-  --endpoint-reconciler-type none \
+  --bind-address "$bind" --advertise-address "$ADVERTISE_ADDRESS" --secure-port "$APISERVER_PORT" \
+  --endpoint-reconciler-type "$reconciler" \
   --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
   --client-ca-file "$PKI/ca.crt" \
   --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
@@ -91,7 +95,7 @@ start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
   --kubelet-preferred-address-types InternalIP,Hostname \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
-  --service-cluster-ip-range 10.0.0.0/24 --allow-privileged=true \
+  --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
   --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
   --enable-bootstrap-token-auth --profiling=false --v 1 \
   --requestheader-client-ca-file "$PKI/ca.crt" --requestheader-allowed-names front-proxy-client \
@@ -107,7 +111,7 @@ start kube-controller-manager --kubeconfig "$CLUSTER_DIR/kubeconfigs/controller-
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
   --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
   --use-service-account-credentials=true --controllers '*,bootstrapsigner,tokencleaner' \
-  --service-cluster-ip-range 10.0.0.0/24 --profiling=false --v 1
+  --service-cluster-ip-range "$SERVICE_CIDR" --profiling=false --v 1
 start kube-scheduler --kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
   --authentication-kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
   --authorization-kubeconfig "$CLUSTER_DIR/kubeconfigs/scheduler.kubeconfig" \
@@ -120,11 +124,12 @@ wait_for kube-scheduler curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
 # aggregator reaches it through an ExternalName service (loopback IPs are
 # not valid endpoints).
 admin_kc=$CLUSTER_DIR/admin.kubeconfig
-start metrics-server --kubeconfig "$admin_kc" --authentication-kubeconfig "$admin_kc" \
-  --authorization-kubeconfig "$admin_kc" --bind-address 127.0.0.1 --secure-port "$METRICS_SERVER_PORT" \
-  --cert-dir "$CLUSTER_DIR/metrics-server" --kubelet-insecure-tls --kubelet-use-node-status-port \
-  --kubelet-preferred-address-types InternalIP --metric-resolution 10s --kubelet-request-timeout 5s --v 1
-kubectl --kubeconfig "$admin_kc" apply -f - >/dev/null <<YAML
+if [ "$METRICS_SERVER" = host ]; then
+  start metrics-server --kubeconfig "$admin_kc" --authentication-kubeconfig "$admin_kc" \
+    --authorization-kubeconfig "$admin_kc" --bind-address 127.0.0.1 --secure-port "$METRICS_SERVER_PORT" \
+    --cert-dir "$CLUSTER_DIR/metrics-server" --kubelet-insecure-tls --kubelet-use-node-status-port \
+    --kubelet-preferred-address-types InternalIP --metric-resolution 10s --kubelet-request-timeout 5s --v 1
+  kubectl --kubeconfig "$admin_kc" apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Service
 metadata: {name: metrics-server, namespace: kube-system}
@@ -141,7 +146,8 @@ spec:
   groupPriorityMinimum: 100
   versionPriority: 100
 YAML
-wait_for metrics.k8s.io kubectl --kubeconfig "$admin_kc" get --raw /apis/metrics.k8s.io/v1beta1
+  wait_for metrics.k8s.io kubectl --kubeconfig "$admin_kc" get --raw /apis/metrics.k8s.io/v1beta1
+fi
 # Pods can only be created once the default service account exists.
 wait_for "default service account" kubectl --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" -n default get serviceaccount default
 echo "$CLUSTER_DIR/admin.kubeconfig"

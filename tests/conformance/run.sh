@@ -65,14 +65,10 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 
 # The registry the images are served from (loopback: plain HTTP).
-port=15000
-while (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
-registry=127.0.0.1:$port
-printf 'version: 0.1\nlog: {level: error}\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "%s"}\n' \
-  "$work/registry" "$registry" > "$work/registry.yml"
-docker-registry serve "$work/registry.yml" >"$work/registry.log" 2>&1 &
-reg_pid=$!
-for _ in $(seq 1 50); do curl -sf "http://$registry/v2/" >/dev/null && break; sleep 0.2; done
+# shellcheck source=../images/lib.sh
+. tests/images/lib.sh
+serve_registry "$work/registry"
+registry=$reg
 tests/conformance/images.sh "$bin" "$registry"
 cat > "$work/repo-list.yaml" <<YAML
 promoterE2eRegistry: $registry/e2e-test-images

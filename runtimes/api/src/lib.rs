@@ -122,6 +122,9 @@ pub struct SandboxConfig {
     pub sysctls: Vec<(String, String)>,
     /// `podPidsLimit`: the pod cgroup's `pids.max` ([`podcgroup`]).
     pub pids_limit: Option<i64>,
+    /// Whether any of the pod's containers is privileged: CRI runtimes
+    /// refuse a privileged container in a sandbox not made privileged.
+    pub privileged: bool,
 }
 
 /// One `hostPort` of a container: traffic to `host_ip:host_port` goes to

@@ -367,6 +367,7 @@ fn sandbox_config(cfg: &SandboxConfig) -> proto::PodSandboxConfig {
             cgroup_parent: format!("/{}", cfg.cgroup_parent.trim_start_matches('/')),
             security_context: Some(proto::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(cfg)),
+                privileged: cfg.privileged,
                 ..Default::default()
             }),
             sysctls: cfg.sysctls.iter().cloned().collect(),

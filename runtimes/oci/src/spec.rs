@@ -108,22 +108,7 @@ impl ContainerConfig {
         } else {
             (&self.capabilities_add[..], &self.capabilities_drop[..])
         };
-        for c in adds {
-            let c = cap_name(c);
-            if c == "CAP_ALL" {
-                caps = current_caps();
-            } else if !caps.contains(&c) {
-                caps.push(c);
-            }
-        }
-        for c in drops {
-            let c = cap_name(c);
-            if c == "CAP_ALL" {
-                caps.clear();
-            } else {
-                caps.retain(|x| *x != c);
-            }
-        }
+        apply_capability_changes(&mut caps, adds, drops);
         let ns = |kind: &str, path: &Option<PathBuf>| match path {
             Some(p) => json!({"type": kind, "path": p}),
             None => json!({"type": kind}),
@@ -243,6 +228,28 @@ fn cap_name(c: &str) -> String {
     }
 }
 
+/// Adds and drops as containerd's CRI plugin does (`WithCapabilities`):
+/// "ALL" first (added, then dropped), then each named one added, then each
+/// dropped, so that `drop: [ALL], add: [NET_BIND_SERVICE]` keeps the one
+/// added, and `add: [ALL], drop: [CHOWN]` is all but that one.
+fn apply_capability_changes(caps: &mut Vec<String>, adds: &[String], drops: &[String]) {
+    let all = |l: &[String]| l.iter().any(|c| cap_name(c) == "CAP_ALL");
+    if all(adds) {
+        *caps = current_caps();
+    }
+    if all(drops) {
+        caps.clear();
+    }
+    for c in adds.iter().map(|c| cap_name(c)).filter(|c| c != "CAP_ALL") {
+        if !caps.contains(&c) {
+            caps.push(c);
+        }
+    }
+    for c in drops.iter().map(|c| cap_name(c)).filter(|c| c != "CAP_ALL") {
+        caps.retain(|x| *x != c);
+    }
+}
+
 /// Every capability this process may pass on (its bounding set), as
 /// containerd gives privileged containers (`WithAllCurrentCapabilities`):
 /// where kinglet itself runs without some (a restricted host, a container),
@@ -314,6 +321,18 @@ const ALL_CAPS: &[&str] = &[
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn drop_all_then_add_keeps_the_added_one_as_containerd() {
+        let s = |l: &[&str]| l.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let mut caps = s(&["CAP_CHOWN", "CAP_KILL"]);
+        super::apply_capability_changes(&mut caps, &s(&["NET_BIND_SERVICE"]), &s(&["ALL"]));
+        assert_eq!(caps, s(&["CAP_NET_BIND_SERVICE"]));
+        let mut caps = s(&["CAP_KILL"]);
+        super::apply_capability_changes(&mut caps, &s(&["ALL"]), &s(&["CHOWN"]));
+        assert!(!caps.contains(&"CAP_CHOWN".to_string()));
+        assert!(caps.contains(&"CAP_KILL".to_string()));
+    }
+
     use super::*;
 
     #[test]

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The cluster's own add-ons on a kinglet node, end to end:
+#   tests/addons/run.sh [--runtime oci|cri]
+# Builds kube-proxy and CoreDNS from their Go modules (build.sh, cached)
+# and metrics-server (tests/cluster), makes their images and serves them
+# from a private docker-registry, starts a control plane of its own whose
+# `kubernetes` Service has an endpoint pods reach (the pods' bridge
+# gateway), joins one kinglet node with clusterDNS set, and deploys, as a
+# cluster operator would:
+#  - kube-proxy as kubeadm deploys it (DaemonSet, privileged, hostNetwork,
+#    the xtables lock and /lib/modules from the host, iptables mode);
+#  - CoreDNS from upstream's own manifest (cluster/addons/dns/coredns)
+#    behind the kube-dns Service;
+#  - metrics-server from its own manifests (kustomize base), scraping the
+#    node over the kubelet API, reached by the aggregator through its
+#    Service's ClusterIP.
+# Then a pod resolves kubernetes.default.svc.cluster.local and a test
+# Service by name and reaches both through their ClusterIPs, and
+# `kubectl top` answers. Prints a line per check and figures; exits non-zero
+# on the first check that fails. Leaves nothing running: the node's pods,
+# the control plane, the registry, the bridge, and kube-proxy's rules in
+# the host's tables (kube-proxy --cleanup).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+runtime=oci
+while [ $# -gt 0 ]; do
+  case $1 in
+    --runtime) runtime=$2; shift 2 ;;
+    *) echo "usage: run.sh [--runtime oci|cri]" >&2; exit 2 ;;
+  esac
+done
+case $runtime in
+  oci | cri) ;;
+  *) echo "run.sh: --runtime $runtime: oci or cri" >&2; exit 2 ;;
+esac
+# shellcheck source=../bench/lib.sh
+. tests/bench/lib.sh
+# shellcheck source=../images/lib.sh
+. tests/images/lib.sh
+start=$(date +%s)
+# A control plane of its own, and a Service range of its own: kube-proxy's
+# rules live in the host's tables, where they must not catch the Services
+# of the suite's cluster (10.0.0.0/24).
+export KINGLET_CLUSTER_DIR=/tmp/kinglet-addons-cluster
+export KINGLET_ETCD_PORT=15379 KINGLET_ETCD_PEER_PORT=15380 KINGLET_APISERVER_PORT=19443
+export KINGLET_KCM_PORT=23257 KINGLET_SCHEDULER_PORT=23259
+export KINGLET_SERVICE_CIDR=10.0.1.0/24 KINGLET_METRICS_SERVER=none
+bridge=kad0 subnet=10.244.79.0/24 gateway=10.244.79.1 dns_ip=10.0.1.10
+export KINGLET_APISERVER_ADVERTISE=$gateway
+kinglet=${KINGLET_BIN:-target/debug/kinglet}
+[ -x "$kinglet" ] || cargo build --locked --bin kinglet >&2
+out=target/addons
+mkdir -p "$out"
+
+addons=$(tests/addons/build.sh | tail -n1)
+metrics_server=$(tests/cluster/build-metrics-server.sh | tail -n1)
+work=$(mktemp -d /tmp/kinglet-addons.XXXXXX)
+reg_pid="" agent_pid="" lock_made=""
+cleanup() {
+  set +e
+  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+  release_oci_root "$work/root"
+  [ "$runtime" = cri ] && tests/cluster/containerd-down.sh "$work/containerd" >/dev/null 2>&1
+  # What kube-proxy wrote into the host's tables goes with it.
+  "$addons/kube-proxy" --cleanup >/dev/null 2>&1
+  [ -n "$lock_made" ] && rm -f /run/xtables.lock
+  [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
+  ip link del "$bridge" 2>/dev/null
+  tests/cluster/down.sh >/dev/null 2>&1
+  rm -rf "$work" "$KINGLET_CLUSTER_DIR"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+[ -e /run/xtables.lock ] || lock_made=1
+
+fail() {
+  echo "addons: FAIL $*" >&2
+  kubectl --kubeconfig "$admin" get pods -A -o wide >&2 || true
+  kubectl --kubeconfig "$admin" get events -A --sort-by=.lastTimestamp 2>/dev/null | tail -n 20 >&2 || true
+  local ns pod
+  while read -r ns pod; do
+    echo "--- logs of $ns/$pod (last, then previous, run)" >&2
+    kubectl --kubeconfig "$admin" -n "$ns" logs "$pod" --all-containers --tail 15 >&2 || true
+    kubectl --kubeconfig "$admin" -n "$ns" logs "$pod" --all-containers --tail 15 --previous >&2 || true
+  done < <(kubectl --kubeconfig "$admin" get pods -A --no-headers -o custom-columns=:metadata.namespace,:metadata.name 2>/dev/null)
+  tail -n 30 "$out/kinglet.log" >&2
+  exit 1
+}
+# until SECONDS WHAT CMD...: retries CMD until it succeeds.
+until_ok() {
+  local limit=$1 what=$2 t0
+  shift 2
+  t0=$(date +%s)
+  until "$@" >/dev/null 2>&1; do
+    [ $(( $(date +%s) - t0 )) -lt "$limit" ] || fail "$what (not within $limit s)"
+    sleep 1
+  done
+  echo "addons: ok $what ($(( $(date +%s) - t0 )) s)"
+}
+
+# The pods' bridge first, with the gateway address the apiserver
+# advertises (the CNI bridge plugin takes the bridge as it finds it).
+ip link del "$bridge" 2>/dev/null || true
+ip link add "$bridge" type bridge
+ip addr add "$gateway/24" dev "$bridge"
+ip link set "$bridge" up
+serve_registry "$work/registry"
+tests/addons/images.sh "$addons" "$metrics_server" "$reg"
+
+tests/cluster/down.sh >/dev/null 2>&1 || true
+rm -rf "$KINGLET_CLUSTER_DIR"
+admin=$(tests/cluster/up.sh | tail -n1)
+k() { kubectl --kubeconfig "$admin" "$@"; }
+node=kinglet-addons
+kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
+mkdir -p "$work/net.d" "$work/logs" "$work/lib-modules"
+cat > "$work/net.d/10-kinglet.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "kinglet-addons", "plugins": [
+  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "isDefaultGateway": true, "ipMasq": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+JSON
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$work/config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+healthzPort: 0
+port: $port
+clusterDNS: [$dns_ip]
+clusterDomain: cluster.local
+authentication: {x509: {clientCAFile: $KINGLET_CLUSTER_DIR/pki/ca.crt}}
+evictionHard: {memory.available: 100Mi, nodefs.available: 5%, nodefs.inodesFree: 5%, imagefs.available: 5%}
+YAML
+runtime_args=()
+if [ "$runtime" = cri ]; then
+  sock=$(tests/cluster/containerd-up.sh "$work/containerd" "$work/net.d" | tail -n1)
+  mkdir -p "$work/containerd/certs.d/$reg"
+  printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
+    "$reg" "$reg" > "$work/containerd/certs.d/$reg/hosts.toml"
+  runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
+fi
+"$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+  --node-ip "$gateway" --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
+  "${runtime_args[@]}" >"$out/kinglet.log" 2>&1 &
+agent_pid=$!
+ready() { [ "$(k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+until_ok 60 "node $node Ready" ready
+
+deploy_start=$(date +%s)
+tests/addons/manifests.sh "$reg" "$addons" "$metrics_server" "$work" "$subnet" "$dns_ip" |
+  k apply -f - >/dev/null
+k apply -k "$work/metrics-server" >/dev/null
+
+# kube-proxy: its pod runs, and its rules for the kube-dns Service are in
+# the host's nat table.
+until_ok 120 "kube-proxy Running" sh -c "kubectl --kubeconfig $admin -n kube-system get pods -l k8s-app=kube-proxy -o jsonpath='{.items[0].status.phase}' | grep -qx Running"
+until_ok 60 "kube-proxy's rule for kube-dns in the host's nat table" sh -c "iptables -t nat -S KUBE-SERVICES | grep -q '$dns_ip/32'"
+# CoreDNS is Ready only once its kubernetes plugin listed Services and
+# EndpointSlices, through the `kubernetes` Service's ClusterIP.
+until_ok 180 "CoreDNS Ready (it reached the API through 10.0.1.1)" \
+  k -n kube-system wait --for=condition=Ready pod -l k8s-app=kube-dns --timeout=5s
+until_ok 120 "web and client pods Ready" k wait --for=condition=Ready pod -l addons-test --timeout=5s
+c() { k exec client -- "$@"; }
+check() {
+  local what=$1 want=$2 got
+  shift 2
+  got=$(c "$@" 2>&1) || true
+  echo "$got" | grep -q -- "$want" || { echo "$got" >&2; fail "$what: wanted $want"; }
+  echo "addons: ok $what"
+}
+web_ip=$(k get service web -o jsonpath='{.spec.clusterIP}')
+check "the client pod resolves kubernetes.default.svc.cluster.local to 10.0.1.1" "10.0.1.1" \
+  nslookup kubernetes.default.svc.cluster.local
+check "the client pod reaches the API through kubernetes.default" "^ok$" \
+  curl -sk --max-time 10 https://kubernetes.default.svc.cluster.local/livez
+check "the client pod resolves the Service web (search path) to $web_ip" "$web_ip" nslookup web
+check "the client pod reaches web through its ClusterIP by name" "hello from web" \
+  curl -s --max-time 10 http://web/
+dns_ready=$(( $(date +%s) - deploy_start ))
+until_ok 180 "metrics-server Ready" k -n kube-system wait --for=condition=Ready pod -l k8s-app=metrics-server --timeout=5s
+until_ok 120 "kubectl top node $node" sh -c "kubectl --kubeconfig $admin top node $node --no-headers | grep -q '^$node '"
+until_ok 120 "kubectl top pod (CoreDNS)" sh -c "kubectl --kubeconfig $admin -n kube-system top pod --no-headers | grep -q '^coredns-'"
+rss=$(awk '/VmRSS/ {print $2}' "/proc/$agent_pid/status")
+pods=$(k get pods -A --field-selector "spec.nodeName=$node" --no-headers | wc -l)
+echo "figure: addons ($runtime): kube-proxy, CoreDNS and the test Services answering ${dns_ready} s after the manifests were applied"
+echo "figure: addons ($runtime): kinglet RSS $((rss / 1024)) MiB with $pods pods (kube-proxy, CoreDNS, metrics-server, web, client)"
+echo "addons ($runtime): all checks passed in $(( $(date +%s) - start )) s"
