@@ -16,7 +16,22 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck source=../images/lib.sh
 . "$(dirname "$0")/../images/lib.sh"
 
-fill_busybox() { rootfs "$1"; }
+# /bin/sh is bash-static in the busybox and agnhost images: Debian's
+# busybox 1.35 is built as a standalone shell that prefers its applets
+# (its `nc` has no -u, and the agnhost image's netcat-openbsd is never
+# reached, as alpine's busybox reaches it by PATH), and its ash drops
+# environment variables whose names are not identifiers, which upstream's
+# busybox 1.37 keeps (the ConfigMap and Secret "consumable via the
+# environment" specs print `data-1=value-1`). bash does both as upstream's
+# images do.
+bash_as_sh() {
+  cp /bin/bash-static "$1/bin/bash"
+  ln -sf bash "$1/bin/sh"
+}
+fill_busybox() {
+  rootfs "$1"
+  bash_as_sh "$1"
+}
 # What upstream's agnhost Dockerfile adds besides the binary: porter's
 # localhost.crt/.key (HTTPS hooks and probes), /uploads, agnhost-2, and
 # the image's own user and group.
@@ -29,7 +44,7 @@ fill_agnhost() {
   ln -sf agnhost "$1/agnhost-2"
   printf 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n' >> "$1/etc/passwd"
   printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >> "$1/etc/group"
-  cp /bin/bash-static "$1/bin/bash" 2>/dev/null || true
+  bash_as_sh "$1"
   [ -x /usr/bin/curl ] && with_libs "$1" /usr/bin/curl /usr/bin/curl
   [ -x /bin/nc.openbsd ] && with_libs "$1" /bin/nc.openbsd /usr/bin/nc
   return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Upstream node conformance against one kinglet node:
-#   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout 2h]
+#   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout 2h] [--no-serial]
 # Builds the upstream e2e.test and ginkgo at the control plane's release
 # (build.sh, cached), the images the specs use into a private local
 # docker-registry (images.sh), starts the loopback control plane with only
@@ -8,19 +8,21 @@
 # network; with --runtime cri, a private containerd pulling from the local
 # registry), and runs every [NodeConformance] spec that is not [Serial],
 # [Disruptive], [Flaky], [Slow] or [Feature:*] (or those matching --focus),
-# two at a time. Prints a table (selected, passed, failed, skipped) and each
+# two at a time, then the [Serial] ones one at a time (unless --no-serial).
+# Prints a table (selected, passed, failed, skipped) and each
 # failure with its first line; JUnit and the table go under
 # target/conformance/. Leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-focus="" skip="" runtime=oci timeout=2h
+focus="" skip="" runtime=oci timeout=2h serial=yes
 while [ $# -gt 0 ]; do
   case $1 in
     --focus) focus=$2; shift 2 ;;
     --skip) skip=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout DURATION]" >&2; exit 2 ;;
+    --no-serial) serial=no; shift ;;
+    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout DURATION] [--no-serial]" >&2; exit 2 ;;
   esac
 done
 case $runtime in
@@ -122,18 +124,23 @@ for _ in $(seq 1 300); do
 done
 [ -n "$ready" ] || { echo "run.sh: $node not Ready" >&2; tail -20 "$out/kinglet.log" >&2; exit 1; }
 
-label='NodeConformance && !Serial && !Disruptive && !Flaky && !Slow && !/^Feature:/ && !Alpha && !BetaOffByDefault'
-args=(--kubeconfig="$admin" --provider=local --kube-test-repo-list="$work/repo-list.yaml"
-  --report-dir="$out" --ginkgo.timeout="$timeout" --ginkgo.label-filter="$label"
-  --ginkgo.no-color)
-[ -n "$focus" ] && args+=(--ginkgo.focus="$focus")
-[ -n "$skip" ] && args+=(--ginkgo.skip="$skip")
+selection='!Disruptive && !Flaky && !Slow && !/^Feature:/ && !Alpha && !BetaOffByDefault'
+# suite LABELS PROCS REPORT LOG: one ginkgo run of the specs with LABELS.
+suite() {
+  local args=(--kubeconfig="$admin" --provider=local --kube-test-repo-list="$work/repo-list.yaml"
+    --report-dir="$out" --ginkgo.timeout="$timeout" --ginkgo.label-filter="$1"
+    --ginkgo.no-color)
+  [ -n "$focus" ] && args+=(--ginkgo.focus="$focus")
+  [ -n "$skip" ] && args+=(--ginkgo.skip="$skip")
+  "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
+    "$bin/e2e.test" -- "${args[@]}" >"$out/$4" 2>&1
+}
 set +e
 # The CLI merges the parallel processes' reports into one JUnit file.
 rm -f "$out"/junit*.xml
-"$bin/ginkgo" --procs=2 --timeout="$timeout" --no-color --output-dir="$out" --junit-report=junit.xml \
-  "$bin/e2e.test" -- "${args[@]}" >"$out/e2e.log" 2>&1
-rc=$?
+suite "NodeConformance && !Serial && $selection" 2 junit.xml e2e.log
+# The [Serial] specs alone on the node, one at a time.
+[ "$serial" = yes ] && suite "NodeConformance && Serial && $selection" 1 junit-serial.xml e2e-serial.log
 set -e
 python3 - "$out" "$(( $(date +%s) - start ))" "$runtime" <<'PY'
 import glob, os, sys, xml.etree.ElementTree as ET
@@ -141,7 +148,9 @@ out, wall, runtime = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cases = {}
 # The CLI's merged report when there is one: a failing spec also leaves
 # a per-process report (junit_01.xml) that would count everything twice.
-reports = [f"{out}/junit.xml"] if os.path.exists(f"{out}/junit.xml") else sorted(glob.glob(f"{out}/junit*.xml"))
+# (and the serial pass's).
+merged = [f for f in (f"{out}/junit.xml", f"{out}/junit-serial.xml") if os.path.exists(f)]
+reports = merged or sorted(glob.glob(f"{out}/junit*.xml"))
 for f in reports:
     for tc in ET.parse(f).getroot().iter("testcase"):
         name = tc.get("name", "")
