@@ -570,13 +570,11 @@ impl Worker {
         match setup {
             Ok(refresh) => self.volume_refresh = refresh,
             Err(e) => {
-                self.rep
-                    .event(pod, "Warning", "FailedMount", e.clone())
-                    .await;
-                for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-                    let w = (WaitingReason::ContainerCreating, e.clone());
-                    self.waiting.insert(c.name.clone(), w);
-                }
+                // As upstream: the error is the event's; the containers keep
+                // their default waiting reason (PodInitializing in a pod
+                // with init containers, ContainerCreating otherwise) and
+                // no message (a spec watches for exactly that).
+                self.rep.event(pod, "Warning", "FailedMount", e).await;
                 return Err(RETRY);
             }
         }
