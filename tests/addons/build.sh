@@ -29,12 +29,9 @@ start=$(date +%s)
 mkdir "$tmp/kp"
 cp "$cluster/go.mod" "$cluster/go.sum" "$tmp/kp/"
 printf '//go:build tools\n\npackage cluster\n\nimport _ "k8s.io/kubernetes/cmd/kube-proxy"\n' > "$tmp/kp/tools.go"
-commit=$(cd "$tmp/kp" && go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -n1)
-minor=$(echo "$version" | cut -d. -f2)
-ld="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ld+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitCommit=${commit:-unknown} -X $p.gitTreeState=clean"
-done
+# shellcheck source=../cluster/lib.sh
+. "$cluster/lib.sh"
+ld=$(cd "$tmp/kp" && release_ldflags "$version")
 echo "addons: building kube-proxy $version" >&2
 (cd "$tmp/kp" && nice go build -trimpath -ldflags "$ld" -o "$tmp/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy)
 coredns_version=$(grep -o 'github.com/coredns/coredns v[0-9.]*' "$here/coredns/go.mod" | awk '{print $2}')

@@ -113,39 +113,17 @@ rm -rf "$KINGLET_CLUSTER_DIR"
 admin=$(tests/cluster/up.sh | tail -n1)
 k() { kubectl --kubeconfig "$admin" "$@"; }
 node=kinglet-addons
-kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
-mkdir -p "$work/net.d" "$work/logs" "$work/lib-modules"
+mkdir -p "$work/net.d" "$work/lib-modules"
 cat > "$work/net.d/10-kinglet.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "kinglet-addons", "plugins": [
   {"type": "bridge", "bridge": "$bridge", "isGateway": true, "isDefaultGateway": true, "ipMasq": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > "$work/config.yaml" <<YAML
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-healthzPort: 0
-port: $port
-clusterDNS: [$dns_ip]
-clusterDomain: cluster.local
-authentication: {x509: {clientCAFile: $KINGLET_CLUSTER_DIR/pki/ca.crt}}
-evictionHard: {memory.available: 100Mi, nodefs.available: 5%, nodefs.inodesFree: 5%, imagefs.available: 5%}
-YAML
-runtime_args=()
-if [ "$runtime" = cri ]; then
-  sock=$(tests/cluster/containerd-up.sh "$work/containerd" "$work/net.d" | tail -n1)
-  mkdir -p "$work/containerd/certs.d/$reg"
-  printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
-    "$reg" "$reg" > "$work/containerd/certs.d/$reg/hosts.toml"
-  runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
-fi
-"$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-  --node-ip "$gateway" --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
-  "${runtime_args[@]}" >"$out/kinglet.log" 2>&1 &
-agent_pid=$!
-ready() { [ "$(k get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
-until_ok 60 "node $node Ready" ready
+start_kinglet_node "$kinglet" "$work" "$node" "$gateway" "$runtime" "$reg" "$admin" "$out/kinglet.log" \
+  "clusterDNS: [$dns_ip]
+clusterDomain: cluster.local" || fail "node $node Ready"
+echo "addons: ok node $node Ready"
 
 deploy_start=$(date +%s)
 tests/addons/manifests.sh "$reg" "$addons" "$metrics_server" "$work" "$subnet" "$dns_ip" |

@@ -93,3 +93,16 @@ containerd_pod_state() {
       sed -n 's/.*"cgroupsPath": "\(\/kubepods[^"]*\)".*/\1/p')
   done
 }
+
+# release_ldflags VERSION: the -ldflags that stamp a k8s.io/kubernetes
+# binary as that release, as upstream's release build does (the commit
+# from the Go module proxy; run in a module that requires it).
+release_ldflags() {
+  local v=$1 commit minor ld="-s -w" p
+  commit=$(go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -n1)
+  minor=$(echo "$v" | cut -d. -f2)
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$v -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitCommit=${commit:-unknown} -X $p.gitTreeState=clean"
+  done
+  echo "$ld"
+}

@@ -8,6 +8,7 @@
 # repo's files and the control plane's cache key stay untouched.
 set -euo pipefail
 cd "$(dirname "$0")/../cluster"
+cluster_dir=$(pwd)
 recipe=1
 version=$(awk '/^require k8s.io\/kubernetes/ {print $3}' go.mod)
 agnhost_version=$(cat "$(go env GOMODCACHE)/k8s.io/kubernetes@$version/test/images/agnhost/VERSION" 2>/dev/null || echo 2.66.1)
@@ -35,12 +36,9 @@ import (
 GO
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 cd "$tmp"
-commit=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -n1)
-minor=$(echo "$version" | cut -d. -f2)
-ld="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ld+=" -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitCommit=$commit -X $p.gitTreeState=clean"
-done
+# shellcheck source=../cluster/lib.sh
+. "$cluster_dir/lib.sh"
+ld=$(release_ldflags "$version")
 echo "conformance: building e2e.test $version (long the first time)" >&2
 nice go test -c -trimpath -ldflags "$ld" -o "$tmp/e2e.test" k8s.io/kubernetes/test/e2e
 nice go build -trimpath -ldflags "-s -w" -o "$tmp/ginkgo" github.com/onsi/ginkgo/v2/ginkgo

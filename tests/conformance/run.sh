@@ -88,8 +88,7 @@ YAML
 tests/cluster/down.sh >/dev/null 2>&1 || true
 admin=$(tests/cluster/up.sh | tail -n1)
 node=kinglet-conformance
-kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
-mkdir -p "$work/net.d" "$work/logs"
+mkdir -p "$work/net.d"
 # A private bridge and /24 for the pods (never the host's /etc/cni).
 cat > "$work/net.d/10-kinglet.conflist" <<JSON
 {"cniVersion": "1.0.0", "name": "kinglet-conformance", "plugins": [
@@ -97,32 +96,7 @@ cat > "$work/net.d/10-kinglet.conflist" <<JSON
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-# The node shares the build machine's disk with its caches and build
-# trees: disk thresholds of 5% (upstream's defaults are 10/15%) keep a
-# busy disk from tainting it DiskPressure, which no spec here is about.
-printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\nevictionHard: {memory.available: 100Mi, nodefs.available: 5%%, nodefs.inodesFree: 5%%, imagefs.available: 5%%}\n' \
-  "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$work/config.yaml"
-runtime_args=()
-if [ "$runtime" = cri ]; then
-  # A private containerd on the same private network, told that the local
-  # registry speaks plain HTTP (hosts.toml, read at each pull).
-  sock=$(tests/cluster/containerd-up.sh "$work/containerd" "$work/net.d" | tail -n1)
-  mkdir -p "$work/containerd/certs.d/$registry"
-  printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
-    "$registry" "$registry" > "$work/containerd/certs.d/$registry/hosts.toml"
-  runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
-fi
-"$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-  --node-ip 127.0.0.1 --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
-  "${runtime_args[@]}" >"$out/kinglet.log" 2>&1 &
-agent_pid=$!
-ready=""
-for _ in $(seq 1 300); do
-  [ "$(kubectl --kubeconfig "$admin" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ] && { ready=1; break; }
-  kill -0 "$agent_pid" 2>/dev/null || break
-  sleep 0.2
-done
-[ -n "$ready" ] || { echo "run.sh: $node not Ready" >&2; tail -20 "$out/kinglet.log" >&2; exit 1; }
+start_kinglet_node "$kinglet" "$work" "$node" 127.0.0.1 "$runtime" "$registry" "$admin" "$out/kinglet.log"
 
 selection='!Disruptive && !Flaky && !Slow && !/^Feature:/ && !Alpha && !BetaOffByDefault'
 # suite LABELS PROCS REPORT LOG: one ginkgo run of the specs with LABELS.
