@@ -16,13 +16,9 @@ trap 'rm -rf "$work"' EXIT
 umoci init --layout "$work/layout"
 umoci new --image "$work/layout:img"
 umoci unpack --image "$work/layout:img" "$work/bundle" >/dev/null
-mkdir -p "$work/bundle/rootfs/bin" "$work/bundle/rootfs/etc" "$work/bundle/rootfs/tmp"
-cp /bin/busybox "$work/bundle/rootfs/bin/busybox"
-for app in $(/bin/busybox --list); do
-  [ "$app" = busybox ] || ln -sf busybox "$work/bundle/rootfs/bin/$app"
-done
-printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' > "$work/bundle/rootfs/etc/passwd"
-printf 'root:x:0:\nnogroup:x:65534:\n' > "$work/bundle/rootfs/etc/group"
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
+rootfs "$work/bundle/rootfs"
 umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
 cmd_flags=()
 for c in "${cmd[@]}"; do cmd_flags+=(--config.cmd "$c"); done
