@@ -16,22 +16,20 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck source=../images/lib.sh
 . "$(dirname "$0")/../images/lib.sh"
 
-# /bin/sh is bash-static in the busybox and agnhost images: Debian's
-# busybox 1.35 is built as a standalone shell that prefers its applets
-# (its `nc` has no -u, and the agnhost image's netcat-openbsd is never
-# reached, as alpine's busybox reaches it by PATH), and its ash drops
-# environment variables whose names are not identifiers, which upstream's
-# busybox 1.37 keeps (the ConfigMap and Secret "consumable via the
-# environment" specs print `data-1=value-1`). bash does both as upstream's
-# images do.
+# /bin/sh is bash-static in the agnhost image: Debian's busybox 1.35 is
+# built as a standalone shell that prefers its own applets, so its `nc`
+# (no -u) would run where alpine's busybox, upstream agnhost's base, finds
+# the image's netcat-openbsd by PATH. The busybox image keeps busybox's
+# ash, as upstream's: its messages are what specs compare (a read-only
+# root's "/bin/sh: can't create /file: Read-only file system"), though
+# 1.35's ash drops environment variables whose names are not identifiers,
+# which 1.37's keeps (the ConfigMap and Secret "consumable via the
+# environment" specs fail on that).
 bash_as_sh() {
   cp /bin/bash-static "$1/bin/bash"
   ln -sf bash "$1/bin/sh"
 }
-fill_busybox() {
-  rootfs "$1"
-  bash_as_sh "$1"
-}
+fill_busybox() { rootfs "$1"; }
 # What upstream's agnhost Dockerfile adds besides the binary: porter's
 # localhost.crt/.key (HTTPS hooks and probes), /uploads, agnhost-2, and
 # the image's own user and group.
