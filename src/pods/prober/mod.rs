@@ -78,6 +78,10 @@ pub enum Health {
 pub struct Results {
     map: Mutex<HashMap<(String, Kind), Health>>,
     wake: Arc<Notify>,
+    /// Told when a startup probe succeeds: readiness probes at once then,
+    /// not a period later (upstream's manual trigger of the readiness
+    /// worker).
+    started: Notify,
 }
 
 impl Results {
@@ -85,6 +89,7 @@ impl Results {
         Results {
             map: Mutex::new(HashMap::new()),
             wake,
+            started: Notify::new(),
         }
     }
 
@@ -98,6 +103,9 @@ impl Results {
         let old = self.lock().insert((id.to_string(), kind), h);
         if old != Some(h) {
             self.wake.notify_one();
+            if kind == Kind::Startup && h == Health::Success {
+                self.started.notify_waiters();
+            }
         }
     }
 
@@ -369,10 +377,27 @@ impl Task {
         let mut tick = tokio::time::interval(timing.period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            self.next_tick(&mut tick).await;
             if !self.gated() && self.probe_once(&timing, &mut th).await {
                 return;
             }
+        }
+    }
+
+    /// The next period; for a readiness probe that startup holds back,
+    /// sooner: the moment the startup probe succeeds.
+    async fn next_tick(&self, tick: &mut tokio::time::Interval) {
+        let started = self.ctx.results.started.notified();
+        tokio::pin!(started);
+        // Registered before the look, so a success in between still wakes.
+        started.as_mut().enable();
+        if self.kind == Kind::Readiness && self.gated() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = started => {}
+            }
+        } else {
+            tick.tick().await;
         }
     }
 
@@ -608,6 +633,40 @@ mod tests {
 
     fn running(id: &str) -> ContainerStatus {
         crate::pods::running_container(id, "")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readiness_probes_the_moment_startup_succeeds_not_a_period_later() {
+        let fake = Arc::new(kinglet_runtime::fake::FakeRuntime::default());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        let rep = Reporter {
+            uid: "u1".into(),
+            tx,
+        };
+        let exec = |period| Probe {
+            exec: Some(k8s_openapi::api::core::v1::ExecAction {
+                command: Some(vec!["check".into()]),
+            }),
+            period_seconds: Some(period),
+            failure_threshold: Some(120),
+            ..Default::default()
+        };
+        let start = Instant::now() - Duration::from_secs(60);
+        let wake = Arc::new(Notify::new());
+        let mut p = Prober::new(fake.clone(), rep, wake, Some(start), Default::default());
+        let mut c = container(exec(30), Kind::Readiness, "sidecar");
+        c.startup_probe = Some(exec(5));
+        fake.set_exec_exit("c1", 1);
+        let s1 = running("c1");
+        p.sync(&crate::pods::test_pod("u1"), &[(&c, &s1)], "127.0.0.1");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(!p.ready(&c, "c1"), "not started yet");
+        fake.set_exec_exit("c1", 0);
+        // Startup succeeds at its probe of 10 s; readiness's own period
+        // would next come at 30 s.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(p.ready(&c, "c1"), "ready at once after startup");
     }
 
     #[tokio::test(start_paused = true)]
