@@ -145,6 +145,10 @@ for f in reports:
         if fail is not None:
             text = (fail.get("message") or fail.text or "").strip()
             cause = text.splitlines()[0][:200] if text else status
+        # A pass that did not select a spec lists it as skipped: that
+        # never hides what the other pass ran.
+        if state == "skipped" and name in cases:
+            continue
         cases[name] = (state, name, cause)
 cases = list(cases.values())
 selected = [c for c in cases if c[0] != "skipped"]
