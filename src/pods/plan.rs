@@ -116,7 +116,8 @@ pub struct ContainerStep {
 }
 
 /// The whole pod's next steps, in order: init containers up to the first
-/// that is not done (sidecars count once running), then the regular
+/// that is not done (sidecars count once running and started: their
+/// startup probe, if any, succeeded, as `health` says), then the regular
 /// containers once every init container is, then the ephemeral ones.
 pub fn plan(
     pod: &Pod,
@@ -124,6 +125,7 @@ pub fn plan(
     backoffs: &Backoffs,
     now_wall_nanos: i64,
     now: Instant,
+    health: &dyn status::Health,
 ) -> Vec<ContainerStep> {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
@@ -140,11 +142,13 @@ pub fn plan(
             _ => "OnFailure",
         };
         let (step, succeeded) = container_step(ic, current, ic_policy, backoffs, &at);
-        let running = status::attempts(current, &ic.name)
+        // Upstream waits for a sidecar's startup probe before the next
+        // container starts.
+        let started = status::attempts(current, &ic.name)
             .first()
-            .is_some_and(|c| c.state == ContainerState::Running);
+            .is_some_and(|c| c.state == ContainerState::Running && health.started(ic, &c.id));
         steps.push(step);
-        if !(succeeded || sidecar && running) {
+        if !(succeeded || sidecar && started) {
             return steps;
         }
     }
@@ -372,7 +376,7 @@ mod tests {
         wall: i64,
         now: Instant,
     ) -> Vec<(String, Step)> {
-        plan(p, cur, b, wall, now)
+        plan(p, cur, b, wall, now, &status::Unprobed)
             .into_iter()
             .map(|s| (s.name, s.step))
             .collect()
@@ -474,6 +478,19 @@ mod tests {
             steps(&p, &[side], &b, 10 * S, now),
             [("side".into(), Step::Keep), start("a", 0, &[])]
         );
+        // Not before its startup probe succeeded.
+        struct NotStarted;
+        impl status::Health for NotStarted {
+            fn started(&self, _: &Container, _: &str) -> bool {
+                false
+            }
+            fn ready(&self, _: &Container, _: &str) -> bool {
+                false
+            }
+        }
+        let side = ctr("side", 0, ContainerState::Running, 0, 0);
+        let got = plan(&p, &[side], &b, 10 * S, now, &NotStarted);
+        assert_eq!(got.len(), 1, "only the sidecar: {got:?}");
         // A sidecar that exited restarts even with restartPolicy Never.
         let p = pod("Never", &[("side", true)], &["a"]);
         let side = ctr("side", 0, ContainerState::Exited, 0, 5 * S);
@@ -572,7 +589,7 @@ mod tests {
         b.restart.insert("a".into(), backoff(BACKOFF_MAX, now));
         let mut c = ctr("a", 3, ContainerState::Exited, 1, 1000 * S);
         c.started_at = 0;
-        let got = plan(&p, &[c], &b, 1001 * S, now);
+        let got = plan(&p, &[c], &b, 1001 * S, now, &status::Unprobed);
         assert!(got[0].reset_backoff);
         assert_eq!(
             got[0].step,

@@ -539,7 +539,11 @@ impl Worker {
         }
         let now = Instant::now();
         let wall = self.node.clock.now_nanos();
-        let steps = plan::plan(pod, current, &self.backoffs, wall, now);
+        let health: &dyn Health = match &self.prober {
+            Some(p) => p,
+            None => &Unprobed,
+        };
+        let steps = plan::plan(pod, current, &self.backoffs, wall, now, health);
         let mut wake = soonest(deadline, self.volume_refresh);
         for s in steps {
             wake = soonest(wake, self.execute(pod, &sb, &sandbox_id, s).await);
