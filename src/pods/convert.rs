@@ -421,19 +421,12 @@ pub fn sandbox_config(pod: &Pod, node: &NodeContext) -> SandboxConfig {
 /// Upstream's `HasPrivilegedContainer`: any init, regular or ephemeral
 /// container with `securityContext.privileged`.
 fn has_privileged_container(spec: &k8s_openapi::api::core::v1::PodSpec) -> bool {
-    let privileged = |sc: Option<&k8s_openapi::api::core::v1::SecurityContext>| {
-        sc.and_then(|s| s.privileged) == Some(true)
-    };
-    let regular = spec.containers.iter();
-    let init = spec.init_containers.iter().flatten();
-    regular
-        .chain(init)
-        .any(|c| privileged(c.security_context.as_ref()))
-        || spec
-            .ephemeral_containers
-            .iter()
-            .flatten()
-            .any(|c| privileged(c.security_context.as_ref()))
+    let ephemeral = ephemeral_containers(spec);
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .chain(&ephemeral)
+        .any(|c| c.security_context.as_ref().and_then(|s| s.privileged) == Some(true))
 }
 
 /// The pod's `/etc/resolv.conf` by its `dnsPolicy` and `dnsConfig`, as

@@ -176,25 +176,15 @@ impl PodManager {
         if !self.cleaned {
             return;
         }
-        let mut keep: BTreeSet<String> = self.sources.desired().into_keys().collect();
-        keep.extend(self.workers.uids().cloned());
+        let keep: BTreeSet<String> = self
+            .sources
+            .uids()
+            .chain(self.workers.uids())
+            .cloned()
+            .collect();
         let before = jiff::Timestamp::now().as_nanosecond() as i64;
         let runtime = self.runtime.clone();
-        tokio::spawn(async move {
-            for s in runtime.list_pod_sandboxes().await.unwrap_or_default() {
-                if keep.contains(&s.pod_uid) || s.created_at >= before {
-                    continue;
-                }
-                match runtime.remove_pod_sandbox(&s.id).await {
-                    Ok(()) => {
-                        info!(sandbox = %s.id, pod_uid = %s.pod_uid, "removed the sandbox of a pod that is gone")
-                    }
-                    Err(e) => {
-                        warn!(sandbox = %s.id, pod_uid = %s.pod_uid, error = %e, "cannot remove the sandbox of a pod that is gone")
-                    }
-                }
-            }
-        });
+        tokio::spawn(async move { remove_gone_sandboxes(&*runtime, &keep, before).await });
     }
 
     fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
@@ -364,12 +354,26 @@ async fn remove_orphans(
         let _ = runtime.stop_container(&c.id, Duration::from_secs(2)).await;
         let _ = runtime.remove_container(&c.id).await;
     }
+    remove_gone_sandboxes(&*runtime, &desired, i64::MAX).await;
+    let _ = tokio::task::spawn_blocking(move || remove_orphan_dirs(&node, &desired, &gone)).await;
+}
+
+/// Removes the sandboxes made before `before` (Unix nanoseconds) whose
+/// pod is not in `keep`.
+async fn remove_gone_sandboxes(runtime: &dyn Runtime, keep: &BTreeSet<String>, before: i64) {
     for s in runtime.list_pod_sandboxes().await.unwrap_or_default() {
-        if !desired.contains(&s.pod_uid) {
-            let _ = runtime.remove_pod_sandbox(&s.id).await;
+        if keep.contains(&s.pod_uid) || s.created_at >= before {
+            continue;
+        }
+        match runtime.remove_pod_sandbox(&s.id).await {
+            Ok(()) => {
+                info!(sandbox = %s.id, pod_uid = %s.pod_uid, "removed the sandbox of a pod that is gone")
+            }
+            Err(e) => {
+                warn!(sandbox = %s.id, pod_uid = %s.pod_uid, error = %e, "cannot remove the sandbox of a pod that is gone")
+            }
         }
     }
-    let _ = tokio::task::spawn_blocking(move || remove_orphan_dirs(&node, &desired, &gone)).await;
 }
 
 /// Volume dirs (`<volume root>/<uid>`) of UIDs no source lists, and log

@@ -53,6 +53,14 @@ impl Sources {
             .collect()
     }
 
+    /// The UIDs of the desired set, without cloning the pods.
+    pub fn uids(&self) -> impl Iterator<Item = &String> {
+        self.snapshots
+            .values()
+            .flatten()
+            .filter_map(|p| p.metadata.uid.as_ref())
+    }
+
     /// The current spec of one UID, if any source has it.
     pub fn get(&self, uid: &str) -> Option<&Pod> {
         self.snapshots

@@ -539,11 +539,7 @@ impl Worker {
         }
         let now = Instant::now();
         let wall = self.node.clock.now_nanos();
-        let health: &dyn Health = match &self.prober {
-            Some(p) => p,
-            None => &Unprobed,
-        };
-        let steps = plan::plan(pod, current, &self.backoffs, wall, now, health);
+        let steps = plan::plan(pod, current, &self.backoffs, wall, now, self.health());
         let mut wake = soonest(deadline, self.volume_refresh);
         for s in steps {
             wake = soonest(wake, self.execute(pod, &sb, &sandbox_id, s).await);
@@ -922,13 +918,18 @@ impl Worker {
             .collect()
     }
 
+    /// What the prober knows of the containers' startup and readiness
+    /// (nothing probed yet: running is started and ready).
+    fn health(&self) -> &dyn Health {
+        match &self.prober {
+            Some(p) => p,
+            None => &Unprobed,
+        }
+    }
+
     async fn report(&mut self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
         let current = &self.with_log_messages(pod, current)[..];
         let pod_ip = self.pod_ip(pod);
-        let health: &dyn Health = match &self.prober {
-            Some(p) => p,
-            None => &Unprobed,
-        };
         let mut st = status::pod_status(
             pod,
             current,
@@ -940,7 +941,7 @@ impl Worker {
                 start_time: &self.start_time,
                 scheme: &self.node.container_id_scheme,
             },
-            health,
+            self.health(),
         );
         if let Some(k) = self.killed.as_ref().filter(|k| !k.reason.is_empty()) {
             st.phase = Some("Failed".into());

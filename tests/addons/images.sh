@@ -41,11 +41,7 @@ fill_kube_proxy() {
   ext=$(readlink -f "$(dirname "$(ldd "/usr/sbin/$multi" | awk '/libxtables/ {print $3}')")/xtables")
   mkdir -p "$r$ext"
   cp -L "$ext"/*.so "$r$ext/"
-  for x in "$ext"/*.so; do
-    for lib in $(ldd "$x" | awk '/=>/ {print $3}'); do
-      [ -e "$r$lib" ] || { mkdir -p "$r$(dirname "$lib")"; cp -L "$lib" "$r$lib"; }
-    done
-  done
+  for x in "$ext"/*.so; do copy_libs "$r" "$x"; done
   [ -e /etc/protocols ] && cp /etc/protocols "$r/etc/"
   # The binary runs and finds an extension (as kube-proxy's first listing
   # of the nat table needs them).

@@ -17,17 +17,25 @@ rootfs() {
   printf 'hosts: files dns\n' > "$r/etc/nsswitch.conf"
 }
 
+# copy_libs ROOTFS FILE: the libraries (and loader) FILE links to, into
+# ROOTFS at their own paths.
+copy_libs() {
+  local r=$1 lib
+  # [[:space:]], not \s: Debian's default awk (mawk) reads \s as "s", and
+  # the loader line was missed (the image's curl then was "not found").
+  for lib in $(ldd "$2" | awk '/=>/ {print $3} /^[[:space:]]*\/lib/ {print $1}'); do
+    [ -e "$r$lib" ] && continue
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+  done
+}
+
 # Copies a dynamic executable and the libraries it needs into rootfs $1.
 with_libs() {
   local r=$1 exe=$2 dest=$3
   mkdir -p "$r$(dirname "$dest")"
   cp "$exe" "$r$dest"
-  # [[:space:]], not \s: Debian's default awk (mawk) reads \s as "s", and
-  # the loader line was missed (the image's curl then was "not found").
-  for lib in $(ldd "$exe" | awk '/=>/ {print $3} /^[[:space:]]*\/lib/ {print $1}'); do
-    mkdir -p "$r$(dirname "$lib")"
-    cp -L "$lib" "$r$lib"
-  done
+  copy_libs "$r" "$exe"
   # A missing loader or library shows here (127: cannot execute), not as
   # a spec failing later.
   local rc=0
