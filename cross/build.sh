@@ -34,10 +34,47 @@ if ! rustup target list --installed | grep -qx "$target" && ! rustup target add 
 fi
 export CARGO_TARGET_DIR=${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target}
 mkdir -p "$CARGO_TARGET_DIR"
-"${build[@]}"
 out=target/$target/release
 mkdir -p "$out"
-install -m 755 "$CARGO_TARGET_DIR/$target/release/kinglet" "$out/kinglet.new"
+
+# A binary of exactly these inputs, built by this script before, is
+# reused (a fresh clone of an unchanged tree, CI after a run of the same
+# commit): the key is the content of every file of the workspace the
+# build reads (tracked or not), the command, the toolchain's version, zig's
+# and the flags. The toolchain steps above always run. Not in a git
+# checkout, or with KINGLET_CROSS_CACHE=0: always built.
+cache_key() {
+  local files
+  files=$(git ls-files -co --exclude-standard -- Cargo.toml Cargo.lock src runtimes examples cross/build.sh 2>/dev/null) || return 1
+  [ -n "$files" ] || return 1
+  {
+    echo "$files" | LC_ALL=C sort | xargs -d '\n' sha256sum
+    echo "${build[*]}"
+    if [ "${build[1]}" = "+$NIGHTLY" ]; then rustc "+$NIGHTLY" -vV; else rustc -vV; fi
+    python3 -m ziglang version
+    cargo-zigbuild --version
+    # Cargo config outside the repo, and the environment cargo reads.
+    cat "${CARGO_HOME:-$HOME/.cargo}"/config.toml "${CARGO_HOME:-$HOME/.cargo}"/config 2>/dev/null || true
+    env | grep -E '^(CARGO_|RUSTFLAGS|RUSTC|RUSTDOC|CC|CFLAGS|AR)' | grep -v '^CARGO_TARGET_DIR=' | LC_ALL=C sort || true
+  } | sha256sum | cut -c1-32
+}
+cache=${KINGLET_CROSS_BIN_CACHE:-/var/cache/kinglet/cross-bin}/$target
+key=""
+[ "${KINGLET_CROSS_CACHE:-1}" = 0 ] || key=$(cache_key) || key=""
+if [ -n "$key" ] && [ -x "$cache/$key/kinglet" ]; then
+  echo "cross/build.sh: $target: the binary of these exact inputs from the build cache ($cache/$key, built $(date -r "$cache/$key/kinglet" -u +%FT%TZ))"
+  install -m 755 "$cache/$key/kinglet" "$out/kinglet.new"
+else
+  "${build[@]}"
+  install -m 755 "$CARGO_TARGET_DIR/$target/release/kinglet" "$out/kinglet.new"
+  if [ -n "$key" ]; then
+    mkdir -p "$cache/$key.part"
+    install -m 755 "$out/kinglet.new" "$cache/$key.part/kinglet"
+    rm -rf "${cache:?}/$key" && mv "$cache/$key.part" "$cache/$key"
+    # Keep the five newest per target.
+    ls -1dt "$cache"/*/ 2>/dev/null | tail -n +6 | xargs -r rm -rf
+  fi
+fi
 mv "$out/kinglet.new" "$out/kinglet"
 bin=$out/kinglet
 file "$bin" 2>/dev/null | grep -q 'statically linked' || {

@@ -8,9 +8,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// Writes `data` to `path` atomically with mode 0600. `durable` also
-/// flushes it to the disk before the rename (a blocking wait: call it off
-/// the async thread), so that a power cut leaves the old or the new data,
-/// never an empty file.
+/// flushes it to the disk before the rename and the directory after it (a
+/// blocking wait: call it off the async thread), so that a power cut
+/// leaves the old or the new data, never an empty file, and a value
+/// written before a power cut is still there after it.
 pub fn write_private_atomic(path: &Path, data: &[u8], durable: bool) -> std::io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -25,7 +26,12 @@ pub fn write_private_atomic(path: &Path, data: &[u8], durable: bool) -> std::io:
     if durable {
         f.sync_data()?;
     }
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    if durable {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

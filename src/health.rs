@@ -258,9 +258,12 @@ pub fn notify_systemd(state: &str) {
     let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
         return;
     };
+    // Non-blocking: a notify socket nobody reads (its queue full) must
+    // never stall the runtime's thread; a message that does not fit is
+    // dropped and said.
     let sock = match std::os::unix::net::UnixDatagram::unbound() {
-        Ok(s) => s,
-        Err(_) => return,
+        Ok(s) if s.set_nonblocking(true).is_ok() => s,
+        _ => return,
     };
     let bytes = path.as_encoded_bytes();
     let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {

@@ -6,6 +6,7 @@
 //! wires them.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +39,10 @@ pub struct Kubelet {
     /// [`Kubelet::wait_then_remove_pods`] (the demo's end) uses them.
     runtime: Option<Arc<dyn Runtime>>,
     oci: Option<Arc<kinglet_runtime_oci::OciRuntime>>,
+    /// The Node's labels, which the node agent keeps current for
+    /// admission, and the store it keeps the Node in.
+    labels: Option<tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>>>,
+    store: Option<Arc<crate::store::LocalStore>>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -82,6 +87,8 @@ impl Kubelet {
             gc_pods: None,
             runtime: None,
             oci: None,
+            labels: None,
+            store: None,
         };
         let started = k.start_runtime(&s).await?;
         k.runtime = Some(started.runtime.clone());
@@ -94,13 +101,14 @@ impl Kubelet {
         let relist = health::Heartbeat::new(pods::pleg::RELIST_THRESHOLD);
         // Images first: the eviction manager reclaims through image GC.
         k.start_images(&s, &started).await;
-        k.start_pods(&s, &host, &started, client.clone(), metrics, relist.clone())?;
-        let update = s.config.node_status_update_frequency.0;
-        let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
         // Beside the pod records, where `kinglet pods ls` reads it.
         let link = client
             .is_some()
             .then(|| health::ApiLink::new(s.root_dir.join("pods").join("offline-since")));
+        let api = (client.clone(), link.clone());
+        k.start_pods(&s, &host, &started, api, metrics, relist.clone())?;
+        let update = s.config.node_status_update_frequency.0;
+        let syncloop = health::Heartbeat::new((update * 3).max(Duration::from_secs(30)));
         let checks = vec![("syncloop", syncloop.clone()), ("PLEG", relist)];
         k.start_healthz(&s, checks, link.clone()).await?;
         match client.zip(link) {
@@ -172,7 +180,7 @@ impl Kubelet {
         s: &Settings,
         host: &Host,
         started: &Started,
-        client: Option<kube::Client>,
+        (client, link): (Option<kube::Client>, Option<health::ApiLink>),
         metrics: Arc<crate::metrics::Metrics>,
         relist: health::Heartbeat,
     ) -> anyhow::Result<()> {
@@ -194,7 +202,14 @@ impl Kubelet {
             sources.push("file");
         }
         let machine = &host.machine;
-        let mut node_ctx = node_context(s, host, &started.id_scheme, client.clone(), metrics);
+        let mut node_ctx = node_context(
+            s,
+            host,
+            &started.id_scheme,
+            client.clone(),
+            metrics,
+            link.as_ref(),
+        );
         let store = node_ctx.store.clone();
         node_ctx.services = client
             .clone()
@@ -219,7 +234,7 @@ impl Kubelet {
             cpu_milli: u128::from(cpu),
             memory: u128::from(memory),
             pods: cfg.max_pods.max(0) as usize,
-            labels: node::NodeTemplate::from_settings(s).labels,
+            labels: pods::admit::NodeLabels::new(self.node_labels(s, store.as_ref())),
             sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
                 .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
             pressure: Some(self.pressure.clone()),
@@ -241,7 +256,9 @@ impl Kubelet {
             .saturating_sub(reserved.get("memory").copied().unwrap_or(0));
         let eviction = self.eviction_manager(s, pods_capacity, view, started, killer, metrics)?;
         self.spawn(eviction.run(self.shutdown.clone()));
-        let manager = manager.with_relist_heartbeat(relist);
+        let manager = manager
+            .with_relist_heartbeat(relist)
+            .with_pod_cgroup_sweep(std::path::PathBuf::from(CGROUP_MOUNT));
         if let Some(client) = client {
             let checkpoint = pods::api::Checkpoint {
                 store: store.clone(),
@@ -367,6 +384,24 @@ impl Kubelet {
         let Some(path) = &s.kubeconfig else {
             return Ok(None);
         };
+        if !kubeconfig_to_join(path, s.bootstrap_kubeconfig.as_deref()).await {
+            let root = s.root_dir.clone();
+            if tokio::task::spawn_blocking(move || joined_before(&root))
+                .await
+                .unwrap_or(true)
+            {
+                anyhow::bail!(
+                    "cannot read kubeconfig {}: it does not exist, and this node has been joined to a cluster (its root dir {} keeps that cluster's pods): refusing to run standalone, which would stop them; restore the kubeconfig, or remove the root dir to start afresh",
+                    path.display(),
+                    s.root_dir.display()
+                );
+            }
+            warn!(
+                kubeconfig = %path.display(),
+                "the kubeconfig does not exist and no --bootstrap-kubeconfig is given: running standalone; put a kubeconfig there and restart kinglet to join a cluster"
+            );
+            return Ok(None);
+        }
         let pki = s.root_dir.join("pki");
         if let Some(bootstrap) = &s.bootstrap_kubeconfig {
             cert::bootstrap::ensure(path, bootstrap, &pki, &s.node_name).await?;
@@ -377,7 +412,7 @@ impl Kubelet {
             .await
             .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
         let pair = cc::kubeconfig_pair(&client_cfg, path);
-        let (true, Some(pair)) = (s.config.rotate_certificates, pair) else {
+        let (true, Some(pair)) = (s.config.rotate_certificates, pair.clone()) else {
             if s.config.rotate_certificates {
                 info!(
                     "rotateCertificates: the kubeconfig authenticates without a client certificate; nothing to rotate"
@@ -385,6 +420,17 @@ impl Kubelet {
             }
             let client = kube::Client::try_from(client_cfg)
                 .with_context(|| format!("cannot build an API client from {}", path.display()))?;
+            if let Some(pair) = pair {
+                let load = Arc::new(move || Some(pair.clone()));
+                let watch = cert::watch_expiry(
+                    "client",
+                    load,
+                    client.clone(),
+                    s.node_name.clone(),
+                    self.shutdown.clone(),
+                );
+                self.spawn(watch);
+            }
             return Ok(Some(client));
         };
         let store = cert::Store::client(&pki);
@@ -445,6 +491,16 @@ impl Kubelet {
             );
             let (served, reload) = serving::from_files(crt, key, self.shutdown.clone())?;
             self.spawn(reload);
+            let (crt, key) = (crt.to_path_buf(), key.to_path_buf());
+            let load = Arc::new(move || cert::Pair::from_files(&crt, &key).ok());
+            let stop = self.shutdown.clone();
+            self.spawn(cert::watch_expiry(
+                "serving",
+                load,
+                client,
+                s.node_name.clone(),
+                stop,
+            ));
             return Ok(served);
         }
         Ok(serving::self_signed(&pki, &names)?)
@@ -500,6 +556,7 @@ impl Kubelet {
             view,
             runtime,
             metrics,
+            stream_idle_timeout: cfg.streaming_connection_idle_timeout.0,
         });
         let listener = crate::server::bind(addr)?;
         info!(%addr, "serving the kubelet API");
@@ -555,6 +612,25 @@ impl Kubelet {
         Ok(())
     }
 
+    /// The labels admission starts from: the template's (`--node-labels`
+    /// and the well-known ones, which registration reconciles onto the
+    /// Node) over those of the Node kept in the store, so that an offline
+    /// start admits against what an admin labelled the node with.
+    fn node_labels(
+        &mut self,
+        s: &Settings,
+        store: Option<&Arc<crate::store::LocalStore>>,
+    ) -> tokio::sync::watch::Receiver<std::collections::BTreeMap<String, String>> {
+        let mut labels = store
+            .and_then(|st| node::stored_labels(st))
+            .unwrap_or_default();
+        labels.extend(node::NodeTemplate::from_settings(s).labels);
+        let (tx, rx) = tokio::sync::watch::channel(labels);
+        self.labels = Some(tx);
+        self.store = store.cloned();
+        rx
+    }
+
     fn start_node(
         &mut self,
         s: &Settings,
@@ -595,6 +671,10 @@ impl Kubelet {
             lease_duration_seconds: cfg.node_lease_duration_seconds,
             heartbeat,
             link,
+            labels: self.labels.take().unwrap_or_else(|| {
+                tokio::sync::watch::channel(node::NodeTemplate::from_settings(s).labels).0
+            }),
+            store: self.store.clone(),
         };
         self.spawn(agent.run(self.shutdown.clone()));
         Ok(())
@@ -607,7 +687,7 @@ impl Kubelet {
         hb: health::Heartbeat,
         every: Duration,
     ) {
-        info!("no --kubeconfig: standalone mode, no API server");
+        info!("standalone mode, no API server");
         let stop = self.shutdown.clone();
         self.spawn(async move {
             loop {
@@ -688,6 +768,7 @@ fn node_context(
     id_scheme: &str,
     client: Option<kube::Client>,
     metrics: Arc<crate::metrics::Metrics>,
+    link: Option<&health::ApiLink>,
 ) -> pods::convert::NodeContext {
     let cfg = &s.config;
     let node_ip = host
@@ -732,6 +813,7 @@ fn node_context(
             Arc::new(pods::volumes::Sources {
                 objects: pods::objects::ObjectCache::new(c.clone()),
                 client: c,
+                link: link.cloned(),
             })
         }),
         objects: client.map(|c| {
@@ -804,4 +886,57 @@ async fn remove_all_pods(runtime: &dyn Runtime) -> anyhow::Result<()> {
         runtime.remove_pod_sandbox(&sb.id).await?;
     }
     Ok(())
+}
+
+/// Whether `--kubeconfig` joins a cluster. A kubeconfig path that does not
+/// exist, with no bootstrap kubeconfig to write it, means standalone: the
+/// shipped unit always passes `--kubeconfig /etc/kinglet/kubeconfig`, and a
+/// machine installed from the air-gap bundle runs its static pods before
+/// anyone puts a kubeconfig there. (A deliberate difference: upstream's
+/// kubelet exits, and systemd restarts it until kubeadm writes the file.)
+/// Any other error (a file there but unreadable) is left to the read, which
+/// fails with its path.
+async fn kubeconfig_to_join(path: &Path, bootstrap: Option<&Path>) -> bool {
+    bootstrap.is_some() || !matches!(tokio::fs::try_exists(path).await, Ok(false))
+}
+
+/// Whether `root` is a joined node's: a client certificate of its own, or
+/// the cluster's pods or Node kept in its store. Such a node with its
+/// kubeconfig gone (a dangling link, `/etc` not mounted yet) must not run
+/// standalone: the file source alone would make every API pod an orphan.
+fn joined_before(root: &Path) -> bool {
+    let kept = |name: &str| {
+        crate::store::LocalStore::open(root)
+            .is_ok_and(|st| matches!(st.get_node(name), Ok(Some(_))))
+    };
+    root.join("pki/kubelet-client-current.pem").exists()
+        || root.join("api-checkpoint.json").exists()
+        || kept("api/pods")
+        || kept("node")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{joined_before, kubeconfig_to_join};
+
+    #[test]
+    fn a_root_that_kept_a_clusters_pods_was_joined() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!joined_before(dir.path()));
+        let st = crate::store::LocalStore::open(dir.path()).unwrap();
+        st.put_node("api/pods", b"[]").unwrap();
+        assert!(joined_before(dir.path()));
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_without_a_bootstrap_one_means_standalone() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("kubeconfig");
+        assert!(!kubeconfig_to_join(&missing, None).await);
+        // A bootstrap kubeconfig writes it: join.
+        assert!(kubeconfig_to_join(&missing, Some(&dir.path().join("b"))).await);
+        // There (even if it turns out unreadable): join, and fail on it.
+        std::fs::write(&missing, "not yaml: [").unwrap();
+        assert!(kubeconfig_to_join(&missing, None).await);
+    }
 }

@@ -14,7 +14,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/apt-need.sh file iptables containernetworking-plugins
-target=$(uname -m)-unknown-linux-musl
+case $(uname -m) in
+  x86_64) target=x86_64-unknown-linux-musl ;;
+  aarch64 | arm64) target=aarch64-unknown-linux-musl ;;
+  armv7l | armv8l) target=armv7-unknown-linux-musleabihf ;; # a 32-bit Pi OS
+  *) echo "tests/demo.sh: no kinglet target for $(uname -m) (x86_64, aarch64, armv7)" >&2; exit 1 ;;
+esac
 cross/build.sh "$target"
 root=${KINGLET_DEMO_ROOT:-/var/lib/kinglet-demo}
 exec "target/$target/release/kinglet" --root-dir "$root" demo

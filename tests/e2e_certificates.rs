@@ -200,6 +200,52 @@ async fn a_refused_renewal_near_expiry_is_evented() {
     assert!(log.contains("certificate renewal failed"), "{log}");
 }
 
+/// Certificates nothing renews (`rotateCertificates: false`, serving
+/// files): a client certificate in its last tenth of life and an expired
+/// serving one are both said, in the log and as Warning events on the
+/// Node, while the node goes on working.
+#[tokio::test]
+async fn certificates_nothing_renews_are_evented_before_and_after_expiry() {
+    use k8s_openapi::api::events::v1::Event;
+    let admin = admin().await;
+    let name = unique_name("kl-norotate");
+    let certs = tempfile::tempdir().unwrap();
+    let (crt, key) = ca_signed(&name, now() - 2000, 1000, true);
+    let (crt_file, key_file) = (certs.path().join("s.crt"), certs.path().join("s.key"));
+    std::fs::write(&crt_file, crt).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let config = format!(
+        "{FAST_CONFIG}rotateCertificates: false\ntlsCertFile: {}\ntlsPrivateKeyFile: {}\n",
+        crt_file.display(),
+        key_file.display()
+    );
+    let mut k = Kinglet::unstarted(&name, &config);
+    // 1000 s of life, 90 left: in the last tenth, and nothing renews it.
+    k.kubeconfig_override = Some(short_kubeconfig(k.dir.path(), &name, now() - 910, 1000));
+    k.spawn();
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    for (reason, says) in [
+        ("CertificateExpiring", "client certificate expires at"),
+        ("CertificateExpired", "serving certificate expired at"),
+    ] {
+        let note = wait_for(reason, Duration::from_secs(30), || async {
+            let l = events.list(&Default::default()).await.ok()?;
+            l.items.into_iter().find_map(|e| {
+                let ours =
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str());
+                (ours
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning"))
+                .then(|| e.note.unwrap_or_default())
+            })
+        })
+        .await;
+        assert!(note.contains(says), "{reason}: {note}");
+    }
+    let log = k.log();
+    assert!(log.contains("nothing renews it"), "{log}");
+}
+
 #[tokio::test]
 async fn a_short_lived_client_certificate_is_renewed_without_a_not_ready_blip() {
     use k8s_openapi::api::rbac::v1::ClusterRoleBinding;

@@ -94,28 +94,29 @@ async fn bearer_of(
     format!("Authorization: Bearer {}", status.unwrap().token.unwrap())
 }
 
-/// A node of `rt` joined and Ready: (kinglet, its log dir, the admin
-/// client, the default namespace's pods, the Node).
-async fn ready_node(
-    rt: Rt,
-    prefix: &str,
-) -> (
+/// A node joined and Ready: (kinglet, its log dir, the admin client, the
+/// default namespace's pods, the Node).
+type ReadyNode = (
     Kinglet,
     tempfile::TempDir,
     kube::Client,
     Api<Pod>,
     k8s_openapi::api::core::v1::Node,
-) {
+);
+
+/// A node of `rt` joined and Ready.
+async fn ready_node(rt: Rt, prefix: &str) -> ReadyNode {
+    ready_node_with(rt, prefix, FAST_CONFIG).await
+}
+
+/// [`ready_node`] with its own configuration.
+async fn ready_node_with(rt: Rt, prefix: &str, config: &str) -> ReadyNode {
     let admin = admin().await;
-    let (k, dir) = join(rt, prefix);
+    let (k, dir) = join_logged_with(rt, prefix, config, &[pods::busybox_archive()]);
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
     let n = wait_ready(&nodes, &k.name, Duration::from_secs(30)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     (k, dir, admin, pods, n)
-}
-
-fn join(rt: Rt, prefix: &str) -> (Kinglet, tempfile::TempDir) {
-    join_logged(rt, prefix, &[pods::busybox_archive()])
 }
 
 async fn kubectl_logs_pods_and_healthz(rt: Rt) {
@@ -245,6 +246,8 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
         "/containerLogs/default/x/c",
         "/stats/summary",
         "/metrics",
+        "/statusz",
+        "/flagz",
         "/exec/default/x/c?command=true&stdout=1",
         "/portForward/default/x",
     ] {
@@ -385,6 +388,8 @@ fn x509_user_without_rbac_is_forbidden(node: &str, url: &dyn Fn(&str) -> String)
         ("GET", "/stats/summary"),
         ("GET", "/metrics"),
         ("GET", "/metrics/resource"),
+        ("GET", "/statusz"),
+        ("GET", "/flagz"),
         ("GET", "/containerLogs/default/x/c"),
         ("POST", "/exec/default/x/c?command=true&stdout=1"),
         ("POST", "/attach/default/x/c?stdout=1"),
@@ -420,7 +425,9 @@ fn x509_user_without_rbac_is_forbidden(node: &str, url: &dyn Fn(&str) -> String)
 /// (v5.channel.k8s.io) straight to the node because the node declares
 /// `ExtendWebSocketsToKubelet`.
 async fn kubectl_exec(rt: Rt) {
-    let (k, _dir, _admin, pods, n) = ready_node(rt, "kl-exec").await;
+    // An idle session is closed after streamingConnectionIdleTimeout.
+    let config = format!("{FAST_CONFIG}streamingConnectionIdleTimeout: 5s\n");
+    let (k, _dir, _admin, pods, n) = ready_node_with(rt, "kl-exec", &config).await;
     let node = k.name.clone();
     let declared = n
         .status
@@ -453,6 +460,29 @@ async fn kubectl_exec(rt: Rt) {
     // A command that cannot start is an error, not a hang.
     let (code, _, err) = kubectl_stdin(&["exec", &name, "--", "/no/such/binary"], b"");
     assert_ne!(code, 0, "{err}");
+    // Nothing moves for 5 s: the node closes the session (CIS 4.2.5's
+    // setting at work). In-process its process goes with it; containerd
+    // lets an exec whose stream closed run to its end (CRI has no call
+    // to kill it), as it does under upstream's kubelet.
+    let t = std::time::Instant::now();
+    let (code, _, err) = kubectl_stdin(&["exec", &name, "--", "sleep", "120"], b"");
+    let idle = t.elapsed();
+    assert!(
+        code != 0 && idle < Duration::from_secs(60),
+        "an idle exec ran on: code {code} after {idle:?}: {err}"
+    );
+    eprintln!("idle exec closed after {idle:?}: {}", err.trim());
+    if rt == Rt::Oci {
+        wait_for(
+            "the idle session's process gone",
+            Duration::from_secs(20),
+            || async {
+                let (code, out, _) = kubectl_stdin(&["exec", &name, "--", "ps"], b"");
+                (code == 0 && !String::from_utf8_lossy(&out).contains("sleep 120")).then_some(())
+            },
+        )
+        .await;
+    }
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

@@ -237,6 +237,60 @@ fn the_unit_passes_systemd_analyze_verify() {
     );
 }
 
+/// The command line of a unit's `ExecStart=`, without the environment
+/// variables it expands (`$KINGLET_ARGS`: empty on a fresh install).
+fn exec_start(unit: &str) -> Vec<String> {
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .expect("the unit has an ExecStart");
+    line.split_whitespace()
+        .filter(|w| !w.starts_with('$'))
+        .map(String::from)
+        .collect()
+}
+
+/// systemd's side of `sd_notify`: the datagram socket `NOTIFY_SOCKET`
+/// names, read as systemd reads it (at once, by a thread of its own), and
+/// what the agent sends on it.
+struct Notify {
+    path: PathBuf,
+    got: std::sync::mpsc::Receiver<String>,
+}
+
+impl Notify {
+    fn bind(path: &Path) -> Self {
+        let sock = std::os::unix::net::UnixDatagram::bind(path).unwrap();
+        let (tx, got) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok(n) = sock.recv(&mut buf) {
+                let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+                if tx.send(msg).is_err() {
+                    return;
+                }
+            }
+        });
+        Notify {
+            path: path.to_path_buf(),
+            got,
+        }
+    }
+
+    /// Waits for a message carrying `state`, skipping others.
+    fn expect(&self, state: &str, within: std::time::Duration) {
+        let t = std::time::Instant::now();
+        let mut seen = Vec::new();
+        while let Ok(msg) = self.got.recv_timeout(within.saturating_sub(t.elapsed())) {
+            if msg.lines().any(|l| l == state) {
+                return;
+            }
+            seen.push(msg);
+        }
+        panic!("no {state} on the notify socket within {within:?}; got {seen:?}");
+    }
+}
+
 /// A shell line run in a named network namespace with no route out and a
 /// mount namespace of its own, where `/etc`, `/var/log`, `/opt` and
 /// `/usr/bin` are overlays whose upper dirs are under `fs` (the host's
@@ -319,10 +373,11 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     run(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"]));
     let fs = tmp.path().join("fs");
     let state = fs.join("state");
-    let line = format!(
-        "{}/install.sh\nexec /usr/bin/kinglet --config /etc/kinglet/config.yaml",
-        dir.display()
-    );
+    // Started as the shipped unit starts it (its kubeconfig is not there:
+    // standalone), with systemd's notify socket and a 2 s watchdog.
+    let exec = exec_start(&std::fs::read_to_string(dir.join("kinglet.service")).unwrap());
+    let line = format!("{}/install.sh\nexec {}", dir.display(), exec.join(" "));
+    let notify = Notify::bind(&tmp.path().join("notify.sock"));
     let script = offline_machine_script(&fs, &line);
     let t0 = Instant::now();
     let log = tmp.path().join("kinglet.log");
@@ -332,6 +387,8 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
         .arg(format!("--net=/run/netns/{ns}"))
         .args(["unshare", "-m", "--propagation", "private"])
         .args(["sh", "-c", &script])
+        .env("NOTIFY_SOCKET", &notify.path)
+        .env("WATCHDOG_USEC", "2000000")
         .stdout(std::fs::File::create(tmp.path().join("install.out")).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -374,6 +431,16 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
         "figure: air-gap bundle: install to the bundled static pod's first log line {} ms, offline",
         t0.elapsed().as_millis()
     );
+    assert!(
+        agent_log().contains("running standalone"),
+        "no kubeconfig: standalone\n{}",
+        agent_log()
+    );
+    // systemd hears it is up, then its watchdog pings (every second: half
+    // of WATCHDOG_USEC) while it is healthy.
+    notify.expect("READY=1", Duration::from_secs(10));
+    notify.expect("WATCHDOG=1", Duration::from_secs(5));
+    notify.expect("WATCHDOG=1", Duration::from_secs(5));
     let installed = std::fs::read_to_string(tmp.path().join("install.out")).unwrap();
     assert!(installed.contains("kinglet installed"), "{installed}");
     // Installed where it says, with the modes it says.
@@ -435,22 +502,17 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     let restart = |agent: &mut Agent, log: &str| {
         // SAFETY: kill(2) on the agent we started.
         unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+        notify.expect("STOPPING=1", Duration::from_secs(5));
         let _ = agent.0.wait();
         agent.0 = Command::new("nsenter")
             .args([&mnt, &net])
-            .args(["/usr/bin/kinglet", "--config", "/etc/kinglet/config.yaml"])
+            .args(&exec)
+            .env("NOTIFY_SOCKET", &notify.path)
             .stderr(std::fs::File::create(tmp.path().join(log)).unwrap())
             .spawn()
             .unwrap();
-        // Up: its pod workers started before /healthz listens.
-        let t = Instant::now();
-        while !std::fs::read_to_string(tmp.path().join(log))
-            .unwrap_or_default()
-            .contains("serving /healthz")
-        {
-            assert!(t.elapsed() < Duration::from_secs(30), "{log}: not up");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        // Up: its pod workers started before it says it is ready.
+        notify.expect("READY=1", Duration::from_secs(30));
     };
     let settle = |what: &str| {
         // Its workers' first syncs (which would restart a container they

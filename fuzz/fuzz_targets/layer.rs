@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
         let _ = std::fs::remove_dir_all(&dest);
         std::fs::create_dir(&dest).unwrap();
         let _ = apply_layer(data, &dest, whiteouts, &budget);
-        assert_eq!(entries(base), ["canary", "dest"], "written beside the target");
+        assert_eq!(
+            entries(base),
+            ["canary", "dest"],
+            "written beside the target"
+        );
         assert_eq!(std::fs::read(&canary).unwrap(), b"canary");
         let _ = std::fs::remove_dir_all(&dest);
     }

@@ -12,7 +12,10 @@
 //!   user; on failure retry with backoff, and say clearly — in the log,
 //!   as a Node event and in the metrics — when the certificate is about
 //!   to expire or has. Pods never depend on it: an expired certificate
-//!   while the API is unreachable stops nothing that runs.
+//!   while the API is unreachable stops nothing that runs;
+//! - [`watch_expiry`]: the same warnings for a certificate nothing renews
+//!   (a kubeconfig's client certificate with `rotateCertificates` off,
+//!   serving files an operator provides).
 
 pub mod bootstrap;
 pub mod client;
@@ -300,6 +303,80 @@ impl Rotator {
     }
 }
 
+/// Where a certificate is in its life, for a certificate nothing renews:
+/// fresh until its last tenth (where a rotating kinglet would long have
+/// renewed it), then expiring, then expired.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Life {
+    Fresh { until: i64 },
+    Expiring,
+    Expired,
+}
+
+pub fn life(not_before: i64, not_after: i64, now: i64) -> Life {
+    let tenth = (not_after - not_before).max(0) / 10;
+    if now >= not_after {
+        Life::Expired
+    } else if now >= not_after - tenth {
+        Life::Expiring
+    } else {
+        Life::Fresh {
+            until: not_after - tenth,
+        }
+    }
+}
+
+/// Watches a certificate nothing renews and says so — a warning in the log
+/// and a Node event (`CertificateExpiring`, `CertificateExpired`) — when it
+/// enters its last tenth of life and when it expires: an expired
+/// certificate is a top cause of NotReady nodes. `load` reads it again at
+/// each wake (an operator may have replaced the files); it sleeps until the
+/// next change of state, and re-reads an expired one hourly.
+pub async fn watch_expiry(
+    kind: &'static str,
+    load: Arc<dyn Fn() -> Option<Pair> + Send + Sync>,
+    client: kube::Client,
+    node: String,
+    stop: CancellationToken,
+) {
+    let events = NodeEvents::new(&client, &node);
+    loop {
+        let read = load.clone();
+        let Ok(Some(p)) = tokio::task::spawn_blocking(move || read()).await else {
+            // Unreadable for now (files being replaced): look again later.
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(60)) => continue,
+            }
+        };
+        let end = ts(p.not_after);
+        let (wait, said) = match life(p.not_before, p.not_after, now()) {
+            Life::Fresh { until } => ((until - now()).max(1), None),
+            Life::Expiring => {
+                let msg = format!(
+                    "the kubelet {kind} certificate expires at {end} and nothing renews it (rotateCertificates is off, or it comes from files): replace it"
+                );
+                (
+                    (p.not_after - now()).max(1),
+                    Some(("CertificateExpiring", msg)),
+                )
+            }
+            Life::Expired => {
+                let msg = format!("the kubelet {kind} certificate expired at {end}: replace it");
+                (3600, Some(("CertificateExpired", msg)))
+            }
+        };
+        if let Some((reason, msg)) = said {
+            warn!(kind, "{msg}");
+            events.warn(reason, msg).await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(wait as u64)) => {}
+        }
+    }
+}
+
 fn ts(secs: i64) -> String {
     jiff::Timestamp::from_second(secs)
         .map(|t| t.to_string())
@@ -363,6 +440,17 @@ impl NodeEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_certificate_nothing_renews_is_expiring_in_its_last_tenth() {
+        assert_eq!(life(0, 1000, 0), Life::Fresh { until: 900 });
+        assert_eq!(life(0, 1000, 899), Life::Fresh { until: 900 });
+        assert_eq!(life(0, 1000, 900), Life::Expiring);
+        assert_eq!(life(0, 1000, 999), Life::Expiring);
+        assert_eq!(life(0, 1000, 1000), Life::Expired);
+        // Not valid yet, or a nonsense validity: never a panic.
+        assert_eq!(life(500, 100, 0), Life::Fresh { until: 100 });
+    }
 
     #[test]
     fn renewal_falls_between_70_and_90_percent_of_the_lifetime() {

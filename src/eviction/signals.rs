@@ -3,6 +3,7 @@
 //! `allocatableMemory.available` (the pods' cgroup limit − its working
 //! set, usage minus inactive file pages, cgroup v1 or v2), `nodefs.*` and
 //! `imagefs.*` (`statvfs` of the root dir and of the image store),
+//! `containerfs.*` (the image store's: the writable layers live there),
 //! `pid.available` (`pid_max` − tasks). A reading that fails is left out:
 //! the threshold neither fires nor clears on a guess.
 
@@ -125,12 +126,20 @@ pub fn observe(s: &Sources) -> Observations {
             },
         );
     }
-    for (prefix, dir) in [("nodefs", &s.nodefs), ("imagefs", &s.imagefs)] {
+    // The containers' writable layers live beside the images (no split
+    // image filesystem, KEP-4191): `containerfs.*` is the image
+    // filesystem, as upstream observes it when the two are not split.
+    let filesystems = [
+        (&s.nodefs, "nodefs.available", "nodefs.inodesFree"),
+        (&s.imagefs, "imagefs.available", "imagefs.inodesFree"),
+        (
+            &s.imagefs,
+            "containerfs.available",
+            "containerfs.inodesFree",
+        ),
+    ];
+    for (dir, bytes, inodes) in filesystems {
         let Ok(fs) = fs_stats(dir) else { continue };
-        let (bytes, inodes) = match prefix {
-            "nodefs" => ("nodefs.available", "nodefs.inodesFree"),
-            _ => ("imagefs.available", "imagefs.inodesFree"),
-        };
         o.insert(
             bytes,
             Observation {
@@ -176,6 +185,28 @@ mod tests {
         let m = MemCgroup::new(d.path(), "/edge/kubepods");
         assert_eq!(m.hierarchy, Hierarchy::V1);
         assert_eq!(m.working_set(), Some(400));
+    }
+
+    #[test]
+    fn containerfs_is_the_image_filesystem() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Sources {
+            host: HostPaths::default(),
+            root: MemCgroup::new(d.path(), "/"),
+            pods: None,
+            pods_capacity: 0,
+            nodefs: d.path().to_path_buf(),
+            imagefs: d.path().to_path_buf(),
+        };
+        let o = observe(&s);
+        for (c, i) in [
+            ("containerfs.available", "imagefs.available"),
+            ("containerfs.inodesFree", "imagefs.inodesFree"),
+        ] {
+            let (c, i) = (o.get(c).unwrap(), o.get(i).unwrap());
+            assert_eq!(c.capacity, i.capacity);
+            assert!(c.capacity > 0);
+        }
     }
 
     #[test]

@@ -18,11 +18,15 @@ pub const LEASE_NAMESPACE: &str = "kube-node-lease";
 
 /// Renews the lease until `shutdown`. `node_uid` carries the registered
 /// Node's UID (for the owner reference that lets the garbage collector remove
-/// the lease with the node); `None` while the node is not registered.
+/// the lease with the node); `None` while the node is not registered. A
+/// renewal gets `timeout` (upstream's heartbeat client: the lesser of the
+/// status update frequency and the lease duration), so a dead route (calls
+/// that hang) is found as soon as a refused connection.
 pub async fn run(
     client: Client,
     node_name: String,
     duration_seconds: i32,
+    timeout: Duration,
     mut node_uid: watch::Receiver<Option<String>>,
     link: crate::health::ApiLink,
     shutdown: CancellationToken,
@@ -34,15 +38,14 @@ pub async fn run(
     let mut cached: Option<Lease> = None;
     loop {
         let uid = node_uid.borrow_and_update().clone();
-        let wait = match renew(
+        let renewal = renew(
             &api,
             &node_name,
             duration_seconds,
             uid.as_deref(),
             &mut cached,
-        )
-        .await
-        {
+        );
+        let wait = match within(timeout, renewal).await {
             Ok(()) => {
                 if link.reached().await {
                     info!(node = %node_name, "node lease renewed again");
@@ -63,6 +66,19 @@ pub async fn run(
             // A (re-)registered node gets its owner reference without waiting.
             r = node_uid.changed() => if r.is_err() { return },
         }
+    }
+}
+
+/// `call`, or an error once `timeout` has passed without its answer.
+pub async fn within<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r,
+        Err(_) => Err(kube::Error::Service(
+            format!("no answer within {timeout:?}").into(),
+        )),
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! One writer per object: the status task alone writes the Node and its
 //! status, the lease task alone writes the Lease. A watch on the own Node
-//! (no polling) tells the status task when an admin deleted it.
+//! (no polling) tells the status task when an admin deleted it, and keeps
+//! the labels admission reads current and the Node's copy in the local
+//! store, from which an offline start takes its labels.
 
 pub mod cgroups;
 pub mod host;
@@ -30,6 +32,7 @@ use tracing::{debug, info, warn};
 use crate::backoff::Backoff;
 use crate::config::flags::Settings;
 use crate::health::Heartbeat;
+use crate::store::LocalStore;
 use host::HostPaths;
 use status::{Readings, StatusBuilder, StatusConfig, change_key};
 
@@ -128,6 +131,10 @@ pub struct NodeAgent {
     pub heartbeat: Heartbeat,
     /// Online or offline since when, as the lease renewals find it.
     pub link: crate::health::ApiLink,
+    /// The Node's labels, for admission.
+    pub labels: watch::Sender<BTreeMap<String, String>>,
+    /// Where the Node's own object is kept for an offline start.
+    pub store: Option<Arc<LocalStore>>,
 }
 
 impl NodeAgent {
@@ -138,6 +145,7 @@ impl NodeAgent {
             self.client.clone(),
             self.template.name.clone(),
             self.lease_duration_seconds,
+            self.heartbeat_timeout(),
             uid_rx,
             self.link.clone(),
             shutdown.clone(),
@@ -149,9 +157,23 @@ impl NodeAgent {
             node_tx,
             shutdown.clone(),
         ));
+        tokio::spawn(keep_node(
+            node_rx.clone(),
+            self.labels.clone(),
+            self.store.clone(),
+        ));
         self.status_loop(uid_tx, node_rx, shutdown).await;
         let _ = lease.await;
         let _ = watch.await;
+    }
+
+    /// Upstream's heartbeat client timeout: the lesser of the status
+    /// update frequency and the lease duration; at least 3 s (a deliberate
+    /// difference only below upstream's 10 s default: a 1 s frequency
+    /// would give a busy API server 1 s to answer).
+    fn heartbeat_timeout(&self) -> Duration {
+        let lease = Duration::from_secs(u64::try_from(self.lease_duration_seconds).unwrap_or(40));
+        self.update_frequency.min(lease).max(Duration::from_secs(3))
     }
 
     async fn readings(&self) -> Readings {
@@ -213,7 +235,9 @@ impl NodeAgent {
             let status = builder.build(&readings, Instant::now(), Time(wall));
             self.heartbeat.beat();
 
+            let timeout = self.heartbeat_timeout();
             let result = match &registered_uid {
+                // Registration uses the plain client, as upstream's.
                 None => register(&api, &self.template, status.clone())
                     .await
                     .map(Some),
@@ -227,7 +251,9 @@ impl NodeAgent {
                         .as_ref()
                         .is_none_or(|(_, at)| at.elapsed() >= self.report_frequency);
                     if changed || report_due {
-                        patch_status(&api, &name, &status).await.map(|_| None)
+                        lease::within(timeout, patch_status(&api, &name, &status))
+                            .await
+                            .map(|_| None)
                     } else {
                         Ok(None)
                     }
@@ -412,6 +438,66 @@ async fn patch_status(api: &Api<Node>, name: &str, status: &NodeStatus) -> Resul
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
+}
+
+/// The local store's name for the node's own object.
+const STORED_NODE: &str = "node";
+
+/// The labels of the Node kept in the store (what the API server held
+/// last), if any: an offline start admits pods against them.
+pub fn stored_labels(store: &LocalStore) -> Option<BTreeMap<String, String>> {
+    let data = match store.get_node(STORED_NODE) {
+        Ok(d) => d?,
+        Err(e) => {
+            warn!(error = %e, "the stored Node cannot be read; its labels are the template's");
+            return None;
+        }
+    };
+    match serde_json::from_slice::<Node>(&data) {
+        Ok(n) => Some(n.metadata.labels.unwrap_or_default()),
+        Err(e) => {
+            warn!(error = %e, "the stored Node is not a Node; its labels are the template's");
+            None
+        }
+    }
+}
+
+/// Keeps `labels` and the store's copy of the Node in step with the API
+/// server's Node. The copy is its metadata and spec (no status, no
+/// managed fields: what a status update changes is not kept), written when
+/// they change, off the async thread.
+async fn keep_node(
+    mut node: watch::Receiver<Option<Node>>,
+    labels: watch::Sender<BTreeMap<String, String>>,
+    store: Option<Arc<LocalStore>>,
+) {
+    let mut kept: Option<Node> = None;
+    while node.changed().await.is_ok() {
+        let Some(mut n) = node.borrow_and_update().clone() else {
+            continue;
+        };
+        n.status = None;
+        n.metadata.managed_fields = None;
+        n.metadata.resource_version = None;
+        let new = n.metadata.labels.clone().unwrap_or_default();
+        labels.send_if_modified(|l| {
+            let changed = *l != new;
+            if changed {
+                info!(labels = ?new, "the node's labels changed");
+                *l = new;
+            }
+            changed
+        });
+        let (Some(st), false) = (&store, kept.as_ref() == Some(&n)) else {
+            continue;
+        };
+        let (st, data) = (st.clone(), serde_json::to_vec(&n).unwrap_or_default());
+        match tokio::task::spawn_blocking(move || st.put_node(STORED_NODE, &data)).await {
+            Ok(Ok(())) => kept = Some(n),
+            Ok(Err(e)) => warn!(error = %e, "the Node could not be kept in the local store"),
+            Err(_) => warn!("the Node could not be kept in the local store: its task failed"),
+        }
+    }
 }
 
 /// Watches the own Node and publishes the latest copy the API server holds:

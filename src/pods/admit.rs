@@ -17,11 +17,34 @@ pub struct Allocatable {
     pub cpu_milli: u128,
     pub memory: u128,
     pub pods: usize,
-    pub labels: BTreeMap<String, String>,
+    pub labels: NodeLabels,
     /// The sysctls pods may set.
     pub sysctls: super::sysctls::Allowlist,
     /// The eviction manager's node conditions.
     pub pressure: Option<std::sync::Arc<crate::eviction::Pressure>>,
+}
+
+/// The node's labels as they are now: upstream admits against the Node its
+/// informer holds, so a label an admin adds (`kubectl label node`) counts.
+/// The node agent keeps them current; a fixed set serves tests and nodes
+/// without an API server.
+#[derive(Clone, Debug)]
+pub struct NodeLabels(tokio::sync::watch::Receiver<BTreeMap<String, String>>);
+
+impl NodeLabels {
+    pub fn new(rx: tokio::sync::watch::Receiver<BTreeMap<String, String>>) -> Self {
+        NodeLabels(rx)
+    }
+
+    pub fn fixed(labels: BTreeMap<String, String>) -> Self {
+        NodeLabels(tokio::sync::watch::channel(labels).1)
+    }
+}
+
+impl Default for NodeLabels {
+    fn default() -> Self {
+        Self::fixed(BTreeMap::new())
+    }
 }
 
 /// A rejection: reason and message as upstream words them.
@@ -177,7 +200,7 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
         message,
     })?;
     os_ok(pod)?;
-    if !affinity_ok(pod, &node.labels) {
+    if !affinity_ok(pod, &node.labels.0.borrow()) {
         return Err(Rejection {
             reason: "NodeAffinity".into(),
             message:
@@ -250,10 +273,10 @@ mod tests {
             cpu_milli: 2000,
             memory: 1 << 30,
             pods: 3,
-            labels: BTreeMap::from([
+            labels: NodeLabels::fixed(BTreeMap::from([
                 ("kubernetes.io/arch".into(), "arm64".into()),
                 ("zone".into(), "a".into()),
-            ]),
+            ])),
             sysctls: Default::default(),
             pressure: None,
         }
@@ -316,6 +339,22 @@ mod tests {
             "metadata: {name: i}\nspec: {initContainers: [{name: x, image: i, resources: {requests: {cpu: '3'}}}], containers: [{name: c, image: i}]}",
         );
         assert_eq!(requests(&init).0, 3000);
+    }
+
+    #[test]
+    fn a_label_the_node_gains_admits_what_it_refused() {
+        let (tx, rx) = tokio::sync::watch::channel(BTreeMap::new());
+        let n = Allocatable {
+            labels: NodeLabels::new(rx),
+            pods: 3,
+            ..node()
+        };
+        let p = pod(
+            "metadata: {name: a}\nspec: {nodeSelector: {disk: ssd}, containers: [{name: c, image: i}]}",
+        );
+        assert_eq!(admit(&p, &[], &n).unwrap_err().reason, "NodeAffinity");
+        tx.send_replace(BTreeMap::from([("disk".into(), "ssd".into())]));
+        assert_eq!(admit(&p, &[], &n), Ok(()));
     }
 
     #[test]

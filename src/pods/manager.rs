@@ -51,6 +51,9 @@ pub struct PodManager {
     kills: mpsc::Receiver<(String, KillRequest)>,
     /// Beaten after each successful relist (for `/healthz`).
     relist_beat: Option<crate::health::Heartbeat>,
+    /// Where the pod cgroups are, and the pods this node ran whose pod
+    /// cgroups may be left ([`super::pod_cgroups`]); none: no sweep.
+    cgroup_sweep: Option<(std::path::PathBuf, Arc<std::sync::Mutex<BTreeSet<String>>>)>,
 }
 
 /// The channels the manager's loop reads.
@@ -85,6 +88,7 @@ impl PodManager {
             reports: report_tx,
             kills,
             relist_beat: None,
+            cgroup_sweep: None,
         };
         (
             m,
@@ -92,6 +96,13 @@ impl PodManager {
             update_tx,
             Inputs { updates, reports },
         )
+    }
+
+    /// Sweeps the pod cgroups (under the cgroup filesystem at `mount`) of
+    /// the pods this node ran once they are gone, every 10 s.
+    pub fn with_pod_cgroup_sweep(mut self, mount: std::path::PathBuf) -> Self {
+        self.cgroup_sweep = Some((mount, Arc::default()));
+        self
     }
 
     /// Beats `hb` after every successful relist.
@@ -116,6 +127,8 @@ impl PodManager {
             CONTAINER_GC_PERIOD,
         );
         gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut housekeeping = tokio::time::interval(POD_CGROUP_SWEEP_PERIOD);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.pleg.cache();
         loop {
             tokio::select! {
@@ -133,6 +146,7 @@ impl PodManager {
                 }
                 _ = relist.tick() => self.relist().await,
                 _ = gc.tick() => self.collect_sandboxes(),
+                _ = housekeeping.tick() => self.sweep_pod_cgroups(),
                 _ = cache.wanted() => self.relist().await,
                 _ = async {
                     match &changes {
@@ -187,6 +201,30 @@ impl PodManager {
         tokio::spawn(async move { remove_gone_sandboxes(&*runtime, &keep, before).await });
     }
 
+    /// Upstream's orphaned pod cgroup cleanup, for the pods this node ran:
+    /// a pod cgroup normally goes with its sandbox, but a kill at the
+    /// wrong moment (a container made after its sandbox was removed) can
+    /// leave one. Off the async thread; only empty cgroups go.
+    fn sweep_pod_cgroups(&self) {
+        let (Some((mount, ran)), true) = (&self.cgroup_sweep, self.cleaned) else {
+            return;
+        };
+        let keep: BTreeSet<&String> = self.sources.uids().chain(self.workers.uids()).collect();
+        let gone: BTreeSet<String> = {
+            let ran = ran.lock().unwrap_or_else(|p| p.into_inner());
+            ran.iter().filter(|u| !keep.contains(u)).cloned().collect()
+        };
+        if gone.is_empty() {
+            return;
+        }
+        let (mount, ran, root) = (mount.clone(), ran.clone(), self.node.pods_cgroup.clone());
+        tokio::task::spawn_blocking(move || {
+            let done = super::pod_cgroups::sweep(&mount, &root, &gone);
+            let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
+            ran.retain(|u| !done.contains(u));
+        });
+    }
+
     fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
         self.sources.update(u);
         let desired = self.sources.desired();
@@ -234,6 +272,10 @@ impl PodManager {
             self.cleaned = true;
             let keep: BTreeSet<String> = desired.keys().cloned().collect();
             let gone = self.status.remove_stale_records(&keep);
+            if let Some((_, ran)) = &self.cgroup_sweep {
+                let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
+                ran.extend(gone.iter().cloned());
+            }
             let orphans = remove_orphans(self.runtime.clone(), self.node.clone(), keep, gone);
             tokio::spawn(orphans);
         }
@@ -278,6 +320,10 @@ impl PodManager {
 
     fn start_worker(&mut self, uid: &str, pod: &Pod, shutdown: &CancellationToken) {
         info!(pod = %pod_name(pod), uid, "pod added");
+        if let Some((_, ran)) = &self.cgroup_sweep {
+            let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
+            ran.insert(uid.to_string());
+        }
         let (rx, wake) = self.workers.add(uid, pod);
         let rep = Reporter {
             uid: uid.to_string(),
@@ -327,6 +373,10 @@ impl PodManager {
 /// Upstream's `ContainerGCPeriod`: a removed pod's logs stay readable this
 /// long, then its log dir goes, as upstream's container GC removes it.
 pub const LOG_DIR_GRACE: Duration = CONTAINER_GC_PERIOD;
+
+/// How often the pod cgroups of gone pods are looked for (upstream does
+/// it every 2 s housekeeping; a leftover is rare, and waits little).
+const POD_CGROUP_SWEEP_PERIOD: Duration = Duration::from_secs(10);
 
 /// Upstream's `ContainerGCPeriod` (one minute).
 const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);

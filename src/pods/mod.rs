@@ -44,6 +44,7 @@ pub mod manager;
 pub mod objects;
 pub mod plan;
 pub mod pleg;
+pub mod pod_cgroups;
 pub mod pod_workers;
 pub mod prober;
 pub mod report;

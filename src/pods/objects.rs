@@ -46,16 +46,33 @@ struct KeptEnv {
     services: Vec<(String, String)>,
 }
 
+/// The environment a container's last start read, as the local store
+/// keeps it (see [`kept_env`]).
+pub async fn read_kept_env(
+    store: Option<&std::sync::Arc<crate::store::LocalStore>>,
+    pod_uid: &str,
+    container: &str,
+) -> Option<EnvObjects> {
+    let name = format!("env/{container}");
+    let k = store?.read_json::<KeptEnv>(pod_uid, &name).await?;
+    Some(EnvObjects(
+        k.objects.into_iter().map(|(k, n, v)| ((k, n), v)).collect(),
+        k.services,
+    ))
+}
+
 /// What a container's environment read (`read`), kept in the local store
 /// for its next start; when it could not be read (the API server cannot be
-/// reached, the Services not listed yet) the last kept copy stands in, so
-/// a container starts again after an offline reboot. A deliberate
-/// difference: upstream refuses to start it until the Services are read.
+/// reached, the Services not listed yet) the last kept copy (`kept`, from
+/// [`read_kept_env`]) stands in, so a container starts again after an
+/// offline reboot. A deliberate difference: upstream refuses to start it
+/// until the Services are read.
 pub async fn kept_env(
     store: Option<std::sync::Arc<crate::store::LocalStore>>,
     pod_uid: &str,
     container: &str,
     read: Result<EnvObjects, String>,
+    kept: Option<EnvObjects>,
 ) -> Result<EnvObjects, String> {
     let Some(store) = store else {
         return read;
@@ -76,13 +93,7 @@ pub async fn kept_env(
             }
             Ok(env)
         }
-        Err(e) => match store.read_json::<KeptEnv>(pod_uid, &name).await {
-            Some(k) => Ok(EnvObjects(
-                k.objects.into_iter().map(|(k, n, v)| ((k, n), v)).collect(),
-                k.services,
-            )),
-            None => Err(e),
-        },
+        Err(e) => kept.ok_or(e),
     }
 }
 

@@ -47,7 +47,7 @@ fn node_with(rt: Arc<FakeRuntime>, objects: Option<Arc<dyn ObjectSource>>) -> No
         cpu_milli: 4000,
         memory: 8 << 30,
         pods: 110,
-        labels: BTreeMap::new(),
+        labels: Default::default(),
         sysctls: Default::default(),
         pressure: None,
     };

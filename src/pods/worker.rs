@@ -774,15 +774,30 @@ impl Worker {
                 .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
                 .await);
         }
-        let mut objects = super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
-        if let (Ok(o), Some(svc)) = (objects.as_mut(), &self.node.services) {
-            match svc.env(pod).await {
-                Ok(vars) => o.1 = vars,
-                Err(e) => objects = Err(e),
-            }
-        }
         let store = self.node.store.clone();
-        let objects = super::objects::kept_env(store, &self.uid, &c.name, objects).await;
+        let kept = super::objects::read_kept_env(store.as_ref(), &self.uid, &c.name).await;
+        let read = async {
+            let mut objects =
+                super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
+            if let (Ok(o), Some(svc)) = (objects.as_mut(), &self.node.services) {
+                match svc.env(pod).await {
+                    Ok(vars) => o.1 = vars,
+                    Err(e) => objects = Err(e),
+                }
+            }
+            objects
+        };
+        // With the last environment kept, the API server gets a few
+        // seconds (an offline reboot behind a dead route must not wait for
+        // connect timeouts), as the volumes give it.
+        let wait = self.node.volume_sources.as_ref().map(|s| s.kept_wait());
+        let objects = match (&kept, wait) {
+            (Some(_), Some(wait)) => tokio::time::timeout(wait, read)
+                .await
+                .unwrap_or_else(|_| Err("the API server did not answer in time".into())),
+            _ => read.await,
+        };
+        let objects = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await;
         let cfg = objects.and_then(|o| {
             convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)
         });

@@ -44,7 +44,10 @@ pub fn attributes(method: &str, path: &str) -> (&'static str, Vec<&'static str>)
         "stats" => vec!["stats"],
         "metrics" => vec!["metrics"],
         "logs" => vec!["log"],
-        "spec" => vec!["spec"],
+        "checkpoint" => vec!["checkpoint"],
+        "statusz" => vec!["statusz"],
+        // Upstream authorizes its flags as configuration.
+        "flagz" => vec!["configz"],
         "pods" | "runningpods" => vec!["pods", "proxy"],
         "healthz" => vec!["healthz", "proxy"],
         "configz" => vec!["configz", "proxy"],
@@ -234,6 +237,11 @@ mod tests {
             ("create", vec!["proxy"])
         );
         assert_eq!(attributes("GET", "/logs/messages"), ("get", vec!["log"]));
+        // As upstream 1.37's auth.go: statusz its own, flagz as configz,
+        // /spec no longer a subresource of its own.
+        assert_eq!(attributes("GET", "/statusz"), ("get", vec!["statusz"]));
+        assert_eq!(attributes("GET", "/flagz"), ("get", vec!["configz"]));
+        assert_eq!(attributes("GET", "/spec/"), ("get", vec!["proxy"]));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::protocol::{Message, Role};
 use tracing::debug;
 
+use super::idle::Activity;
 use super::{Body, State, Target, text, ws};
 use hyper::{Request, Response, StatusCode};
 
@@ -265,11 +266,16 @@ async fn read_client<S>(
     p: Protocol,
     mut stdin: Option<Writer>,
     resize: Option<mpsc::Sender<TermSize>>,
+    activity: &Activity,
 ) where
     S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     while let Some(Ok(m)) = source.next().await {
-        match decode(p, m) {
+        let m = decode(p, m);
+        if !matches!(m, Incoming::Ignore) {
+            activity.touch();
+        }
+        match m {
             Incoming::Stdin(d) => {
                 if let Some(w) = stdin.as_mut()
                     && w.write_all(&d).await.is_err()
@@ -294,17 +300,27 @@ async fn read_client<S>(
 }
 
 /// Streams one session over an upgraded connection until the process
-/// ends (then its status and a close) or the client goes away (then the
-/// session is dropped, which kills the process).
-pub async fn stream<IO>(io: IO, p: Protocol, want: Streams, cmd: Vec<String>, mut s: ExecSession)
-where
+/// ends (then its status and a close), the client goes away, or no data
+/// moves for `idle` (then the session is dropped, which kills the
+/// process; an idle connection is cut, as upstream's deadline cuts it).
+pub async fn stream<IO>(
+    io: IO,
+    p: Protocol,
+    want: Streams,
+    cmd: Vec<String>,
+    mut s: ExecSession,
+    idle: std::time::Duration,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await;
     let (mut sink, mut source) = ws.split();
     let (tx, mut rx) = mpsc::channel::<Message>(8);
+    let activity = Activity::new(idle);
+    let sent = activity.clone();
     let writer = tokio::spawn(async move {
         while let Some(m) = rx.recv().await {
+            sent.touch();
             if sink.send(m).await.is_err() {
                 return None;
             }
@@ -335,8 +351,13 @@ where
         e = &mut run => Some(e),
         // The client's side ended: a process that is finishing anyway
         // (its output in flight) gets a moment to, then it is killed.
-        _ = read_client(&mut source, p, stdin, resize) => {
+        _ = read_client(&mut source, p, stdin, resize, &activity) => {
             tokio::time::timeout(std::time::Duration::from_secs(2), &mut run).await.ok()
+        }
+        _ = activity.expired() => {
+            debug!(?idle, "exec session idle (streamingConnectionIdleTimeout); the process is killed");
+            writer.abort();
+            return;
         }
     };
     match &exit {
@@ -440,6 +461,7 @@ pub async fn handle(
         }
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let idle = state.stream_idle_timeout;
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(io) => {
@@ -449,6 +471,7 @@ pub async fn handle(
                     want,
                     cmd,
                     session,
+                    idle,
                 )
                 .await
             }

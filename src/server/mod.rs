@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod exec;
+pub mod idle;
 pub mod logs;
 pub mod portforward;
 pub mod stats;
@@ -53,6 +54,9 @@ pub struct State {
     pub stats: stats::Sampler,
     /// `/metrics`.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// `streamingConnectionIdleTimeout`: exec, attach and port-forward
+    /// connections idle this long are closed.
+    pub stream_idle_timeout: std::time::Duration,
 }
 
 /// Errors setting the server up.

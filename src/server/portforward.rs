@@ -56,11 +56,17 @@ pub async fn handle(
         state.runtime.clone(),
         format!("{}/{}", target.ns, target.pod),
     );
+    let activity = super::idle::Activity::new(state.stream_idle_timeout);
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(io) => {
                 let ws = ws::accept(hyper_util::rt::TokioIo::new(io)).await;
-                serve(ws::byte_stream(ws), runtime, sandbox, pod, uid).await;
+                let tunnel = ws::byte_stream(ws, activity.clone());
+                tokio::select! {
+                    _ = serve(tunnel, runtime, sandbox, pod, uid) => {}
+                    // Dropping `serve` ends the connection (its closer).
+                    _ = activity.expired() => debug!("port-forward idle (streamingConnectionIdleTimeout); closed"),
+                }
             }
             Err(e) => debug!(error = %e, "port-forward upgrade failed"),
         }
@@ -108,12 +114,15 @@ fn check(s: &Stream) -> Result<(u16, &'static str), String> {
     }
 }
 
-/// Serves one tunnel until the client closes it.
+/// Serves one tunnel until the client closes it, or until this future is
+/// dropped (the idle timeout): its closer then ends the connection, and
+/// with it every forwarded stream.
 async fn serve<IO>(io: IO, rt: Arc<dyn Runtime>, sandbox: String, pod: String, uid: String)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     let (conn, mut incoming) = Conn::start(io, false);
+    let _closer = conn.closer();
     let mut pending: HashMap<String, Pair> = HashMap::new();
     while let Some(s) = incoming.recv().await {
         let (port, kind) = match check(&s) {

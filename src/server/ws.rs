@@ -65,21 +65,28 @@ pub async fn accept(io: Upgraded) -> WebSocketStream<Upgraded> {
 
 /// A WebSocket as a byte stream: each binary message's bytes in order,
 /// each write one binary message; a close (or any error) is the end.
+/// Every binary message either way is `activity`.
 pub fn byte_stream(
     ws: WebSocketStream<Upgraded>,
+    activity: super::idle::Activity,
 ) -> impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static {
     let (sink, source) = ws.split();
+    let read = activity.clone();
     let source = source
         .take_while(|m| std::future::ready(matches!(m, Ok(m) if !m.is_close())))
-        .filter_map(|m| {
+        .filter_map(move |m| {
             std::future::ready(match m {
-                Ok(Message::Binary(b)) => Some(Ok::<Bytes, io::Error>(b)),
+                Ok(Message::Binary(b)) => {
+                    read.touch();
+                    Some(Ok::<Bytes, io::Error>(b))
+                }
                 _ => None,
             })
         });
-    let sink = sink
-        .sink_map_err(io::Error::other)
-        .with(|b: Bytes| std::future::ready(Ok::<_, io::Error>(Message::Binary(b))));
+    let sink = sink.sink_map_err(io::Error::other).with(move |b: Bytes| {
+        activity.touch();
+        std::future::ready(Ok::<_, io::Error>(Message::Binary(b)))
+    });
     let reader = tokio_util::io::StreamReader::new(Box::pin(source));
     let writer = tokio_util::io::SinkWriter::new(tokio_util::io::CopyToBytes::new(Box::pin(sink)));
     tokio::io::join(reader, writer)

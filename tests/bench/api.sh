@@ -10,6 +10,7 @@
 # file: the default containerLogMaxSize is 10 Mi).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+kbin=${CARGO_TARGET_DIR:-target}/release/kinglet
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
@@ -32,12 +33,12 @@ if [ "$runtime" = cri ]; then
   ctr --address "$work/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null
   rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
 else
-  target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
+  "$kbin" --root-dir "$root" images import "$work/busybox.tar" >/dev/null
   rt_args=(--cni-conf-dir "")
 fi
 pid=
 start() {
-  target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+  "$kbin" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
     --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" "${rt_args[@]}" >>"$work/kinglet.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
@@ -51,7 +52,7 @@ cleanup() {
   set +e
   kubectl --kubeconfig "$admin" delete pods -l bench=api --grace-period=0 --force --wait=false >/dev/null 2>&1
   for _ in $(seq 1 240); do
-    [ "$(target/release/kinglet --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
+    [ "$("$kbin" --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
     sleep 0.5
   done
   [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
@@ -62,7 +63,7 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, $(uname -r); runtime: $runtime"
-echo "binary: $(stat -c %s target/release/kinglet) bytes (target/release/kinglet)"
+echo "binary: $(stat -c %s "$kbin") bytes ($kbin)"
 # (The API cannot be turned off to compare: `port: 0` is invalid, as
 # upstream; the README compares with the figures from before it existed.)
 config "$port"; start

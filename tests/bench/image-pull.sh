@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 size=${1:-50}
 runs=${2:-3}
 cargo build --release --locked --bin kinglet >&2
-bin=$PWD/target/release/kinglet
+bin=${CARGO_TARGET_DIR:-$PWD/target}/release/kinglet
 work=$(mktemp -d /tmp/kinglet-bench-pull.XXXXXX)
 pids=()
 cleanup() {

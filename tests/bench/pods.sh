@@ -10,6 +10,7 @@
 # + shims + pause containers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+kbin=${CARGO_TARGET_DIR:-target}/release/kinglet
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
@@ -31,11 +32,11 @@ if [ "$runtime" = cri ]; then
   rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
   levels=10,30
 else
-  target/release/kinglet --root-dir "$root" images import "$work/busybox.tar" >/dev/null
+  "$kbin" --root-dir "$root" images import "$work/busybox.tar" >/dev/null
   rt_args=(--cni-conf-dir "")
   levels=10,30,110
 fi
-target/release/kinglet --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+"$kbin" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
   --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" "${rt_args[@]}" >"$work/kinglet.log" 2>&1 &
 pid=$!
 cleanup() {
@@ -43,7 +44,7 @@ cleanup() {
   kubectl --kubeconfig "$admin" delete pods -l bench=kinglet --grace-period=0 --force --wait=false >/dev/null 2>&1
   # Let kinglet tear its pods down (containers, sandboxes, cgroups).
   for _ in $(seq 1 240); do
-    [ "$(target/release/kinglet --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
+    [ "$("$kbin" --root-dir "$root" pods ls | wc -l)" -le 1 ] && break
     sleep 0.5
   done
   kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
@@ -58,4 +59,4 @@ for _ in $(seq 1 100); do
 done
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, $(uname -r)"
 echo "runtime: $runtime$([ "$runtime" = cri ] && echo " ($(containerd --version | cut -d' ' -f3), runc $(runc --version | head -1 | cut -d' ' -f3))")"
-target/release/examples/bench_pods "$admin" "$node" "$work" "$pods" "$levels" "$idle"
+"${CARGO_TARGET_DIR:-target}/release/examples/bench_pods" "$admin" "$node" "$work" "$pods" "$levels" "$idle"

@@ -160,6 +160,11 @@ def run(admin, node, log, cg, rate, first):
         time.sleep(0.2)
     decision = decision_after(log, offset)
     kills = oom_kills(cg) - ooms
+    # On cgroup v1 the kill is counted in the killed task's cgroup, which
+    # goes with the pod before it can be read: a container the kernel
+    # killed is one kill at least.
+    if reason == "OOMKilled":
+        kills = max(kills, 1)
     kubectl(admin, "delete", "pod", name, "--grace-period=0", "--force", "--wait=false")
     # Let the node settle: memory back, the pod gone.
     for _ in range(150):

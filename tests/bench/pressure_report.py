@@ -33,13 +33,23 @@ def early(r):
     return r.get("cross_to_decision_ms") is None and r.get("reason") == "Evicted"
 
 
+def kills(r):
+    """The kernel OOM kills of a run; a container the kernel killed is one
+    at least (on cgroup v1 the kill is counted in the killed task's cgroup,
+    which went with the pod before runs of an older pressure.py read it)."""
+    n = r.get("oom_kills", 0)
+    if r.get("reason") == "OOMKilled" and n == 0:
+        return "≥ 1 OOM kill (the container's OOMKilled)"
+    return f"{n} OOM kills"
+
+
 def cell(r):
     ms = lambda v: "none" if v is None else f"{v} ms"
     if early(r):
         return (f"evicted before the sampled crossing (peak {r['peak_bytes'] >> 20} MiB), "
-                f"{r['oom_kills']} OOM kills")
+                f"{kills(r)}")
     return (f"{ms(r['cross_to_decision_ms'])} / {ms(r['cross_to_freed_ms'])}, "
-            f"{r['oom_kills']} OOM kills, {r['reason'] or r['phase']}")
+            f"{kills(r)}, {r['reason'] or r['phase']}")
 
 
 rates = sorted({r["rate_mib_s"] for rs in nodes.values() if isinstance(rs, list) for r in rs})
@@ -74,7 +84,7 @@ for ax, key, title in zip(axes, ["cross_to_decision_ms", "cross_to_freed_ms"],
             v = 0 if early(r) else r.get(key)
             xs.append(i + k * width)
             ys.append(max(1, v) if v is not None else 20000)
-            ooms.append(r.get("oom_kills", 0) > 0 or v is None)
+            ooms.append(r.get("oom_kills", 0) > 0 or r.get("reason") == "OOMKilled" or v is None)
         bars = ax.bar(xs, ys, width, label=name, color=COLORS.get(name, "grey"))
         for b, oom in zip(bars, ooms):
             if oom:

@@ -42,7 +42,25 @@ else
 fi
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 start=$(date +%s)
-cargo build --release --locked --bin kinglet --example bench_pods >&2
+tdir=${CARGO_TARGET_DIR:-target}
+if [ -n "${KINGLET_BENCH_BIN:-}" ]; then
+  # The test suite's quick run measures the static binary it has just
+  # built (cross/build.sh), the one that ships, instead of linking a
+  # release build of its own.
+  kinglet_bin=$KINGLET_BENCH_BIN
+else
+  cargo build --release --locked --bin kinglet >&2
+  kinglet_bin=$tdir/release/kinglet
+fi
+if [ "$quick" = 1 ]; then
+  # The load driver: a debug build in the quick run (its figures are not
+  # the README's), optimised in the full run.
+  cargo build --locked --example bench_pods >&2
+  bench_pods=$tdir/debug/examples/bench_pods
+else
+  cargo build --release --locked --example bench_pods >&2
+  bench_pods=$tdir/release/examples/bench_pods
+fi
 kubelet=$(tests/bench/build-kubelet.sh | tail -n1)
 admin=$(tests/cluster/up.sh | tail -n1)
 mkdir -p "$out"
@@ -128,7 +146,7 @@ run_node() {
       bridge=$(tr -d '\n ' < "$dir/containerd/net.d/10-kinglet-test.conflist" | grep -o '"bridge":"[^"]*"' | cut -d'"' -f4)
       ;;
     kinglet-oci)
-      target/release/kinglet --root-dir "$dir/root" images import "$work/busybox.tar" >/dev/null
+      "$kinglet_bin" --root-dir "$dir/root" images import "$work/busybox.tar" >/dev/null
       bridge=kbo$(( $$ % 100000 ))
       mkdir -p "$dir/net.d"
       printf '{"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge", "bridge": "%s", "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.209.%d.0/24"}]], "dataDir": "%s/ipam"}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}\n' \
@@ -174,7 +192,7 @@ YAML
       [ "$pressure" = 1 ] && printf '%s\nevictionHard: {allocatableMemory.available: 150Mi}\n' "$extra" >> "$dir/config.yaml"
       local rt_args=(--cni-conf-dir "$dir/net.d")
       [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
-      target/release/kinglet --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
+      "$kinglet_bin" --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
         --node-ip 127.0.0.1 --root-dir "$dir/root" --pod-log-dir "$dir/logs" "${rt_args[@]}" \
         >"$dir/agent.log" 2>&1 &
       ;;
@@ -195,13 +213,13 @@ YAML
     stop_node
     return 0
   fi
-  target/release/examples/bench_pods "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
+  "$bench_pods" "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
   # Sizes: the agent, and the runtime side's executables.
   local agent_bin runtime_bins=()
   case $kind in
     kubelet-containerd) agent_bin=$kubelet; runtime_bins=(containerd containerd-shim-runc-v2 runc) ;;
-    kinglet-oci) agent_bin=target/release/kinglet ;;
-    kinglet-cri) agent_bin=target/release/kinglet; runtime_bins=(containerd containerd-shim-runc-v2 runc) ;;
+    kinglet-oci) agent_bin="$kinglet_bin" ;;
+    kinglet-cri) agent_bin="$kinglet_bin"; runtime_bins=(containerd containerd-shim-runc-v2 runc) ;;
   esac
   local runtime_size=0
   for b in "${runtime_bins[@]}"; do

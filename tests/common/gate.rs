@@ -1,7 +1,8 @@
 //! A gate in front of the test API server: a TCP relay on loopback that a
 //! test opens and closes, so one node loses the control plane (refused and
-//! cut connections, as a broken link or a stopped API server look to it)
-//! while every other test keeps the shared cluster.
+//! cut connections, as a stopped API server looks to it; or, blackholed,
+//! every packet to it dropped, as a dead route looks: connections hang
+//! until they time out) while every other test keeps the shared cluster.
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -12,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 pub struct ApiGate {
     pub port: u16,
+    blackholed: AtomicBool,
     open: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
@@ -51,6 +53,7 @@ impl ApiGate {
         });
         ApiGate {
             port,
+            blackholed: AtomicBool::new(false),
             open,
             stop,
             conns,
@@ -61,6 +64,32 @@ impl ApiGate {
     pub fn set_open(&self, open: bool) {
         self.open.store(open, Ordering::SeqCst);
         if !open {
+            for c in self.conns.lock().unwrap().drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
+    /// Drops every packet to the gate (an iptables rule on loopback) and
+    /// cuts what is open, or lets them through again.
+    pub fn set_blackhole(&self, on: bool) {
+        if self.blackholed.swap(on, Ordering::SeqCst) == on {
+            return;
+        }
+        let port = self.port.to_string();
+        // Tagged, so that tests/setup.sh removes one a killed test left.
+        let rule =
+            "INPUT -p tcp -d 127.0.0.1 --dport PORT -m comment --comment kinglet-test-gate -j DROP";
+        let op = if on { "-I" } else { "-D" };
+        let ok = std::process::Command::new("iptables")
+            .args(["-w", op])
+            .args(rule.replace("PORT", &port).split(' '))
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok && !std::thread::panicking() {
+            panic!("iptables {op} the gate's DROP rule");
+        }
+        if on {
             for c in self.conns.lock().unwrap().drain(..) {
                 let _ = c.shutdown(Shutdown::Both);
             }
@@ -80,6 +109,7 @@ impl ApiGate {
 
 impl Drop for ApiGate {
     fn drop(&mut self) {
+        self.set_blackhole(false);
         self.stop.store(true, Ordering::SeqCst);
         self.set_open(false);
         // Wakes the accepting thread so it sees the stop.

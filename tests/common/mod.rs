@@ -609,11 +609,21 @@ pub fn rss_kib(pid: u32) -> u64 {
 /// A node joined to the test cluster with `images` loaded and its pod logs
 /// under the returned temp dir (`<dir>/logs`).
 pub fn join_logged(rt: Rt, prefix: &str, images: &[&Path]) -> (Kinglet, tempfile::TempDir) {
+    join_logged_with(rt, prefix, FAST_CONFIG, images)
+}
+
+/// [`join_logged`] with its own configuration.
+pub fn join_logged_with(
+    rt: Rt,
+    prefix: &str,
+    config: &str,
+    images: &[&Path],
+) -> (Kinglet, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let k = Kinglet::start_rt(
         rt,
         &unique_name(prefix),
-        FAST_CONFIG,
+        config,
         true,
         &["--pod-log-dir", dir.path().join("logs").to_str().unwrap()],
         images,

@@ -45,6 +45,21 @@ use render::Payload;
 pub struct Sources {
     pub objects: Arc<ObjectCache>,
     pub client: kube::Client,
+    /// Whether the API server is known unreachable (the lease's last
+    /// renewal failed, before a reboot too): kept copies are then used
+    /// without waiting for it.
+    pub link: Option<crate::health::ApiLink>,
+}
+
+impl Sources {
+    /// How long to wait for the API server when a kept copy exists:
+    /// [`KEPT_WAIT`], or not at all while the node is known offline.
+    pub fn kept_wait(&self) -> Duration {
+        match self.link.as_ref().and_then(|l| l.offline_since()) {
+            Some(_) => Duration::ZERO,
+            None => KEPT_WAIT,
+        }
+    }
 }
 
 impl std::fmt::Debug for Sources {
@@ -55,6 +70,12 @@ impl std::fmt::Debug for Sources {
 
 /// How long a volume waits for the first answer about an object.
 const OBJECT_WAIT: Duration = Duration::from_secs(10);
+/// How long it waits for the API server when the local store has the
+/// last copy to start from: after an offline reboot behind a dead route
+/// (every packet dropped, so calls hang until their connect timeout) a
+/// pod starts from its kept copies within seconds, not minutes. The copy
+/// is refreshed from the API server once it answers.
+pub const KEPT_WAIT: Duration = Duration::from_secs(3);
 /// Upstream's token lifetime when `expirationSeconds` is not set.
 const DEFAULT_TOKEN_SECONDS: i64 = 3600;
 /// Upstream refreshes a token at least once a day.
@@ -366,22 +387,35 @@ impl Volumes {
         let found = match &self.node.volume_sources {
             None => None,
             Some(src) => {
-                let sub = self
-                    .subs
-                    .entry((kind, name.to_string()))
-                    .or_insert_with(|| src.objects.subscribe(kind, &ns, name, self.wake.clone()));
                 let kept_as = format!("{}/{ns}/{name}", kind.lower());
-                match sub.get(OBJECT_WAIT).await {
+                let key = (kind, name.to_string());
+                self.subs
+                    .entry(key.clone())
+                    .or_insert_with(|| src.objects.subscribe(kind, &ns, name, self.wake.clone()));
+                // The API server gets the short wait first; the kept copy
+                // is read (and unsealed) only when it has not answered, so
+                // a healthy sync reads nothing from the disk.
+                let short = src.kept_wait();
+                let answer = match self.subs[&key].get(short).await {
+                    Ok(o) => Ok(o),
+                    Err(e) => match self.kept::<Object>(pod, &kept_as).await {
+                        // The API server cannot be reached: the last copy.
+                        Some(o) => Err(Some(o)),
+                        None => {
+                            match self.subs[&key].get(OBJECT_WAIT.saturating_sub(short)).await {
+                                Ok(o) => Ok(o),
+                                Err(_) => return Err(e),
+                            }
+                        }
+                    },
+                };
+                match answer {
                     Ok(o) => {
                         let bytes = o.as_ref().and_then(|o| serde_json::to_vec(o).ok());
                         self.keep(pod, &kept_as, bytes).await;
                         o
                     }
-                    // The API server cannot be reached: the last copy.
-                    Err(e) => match self.kept::<Object>(pod, &kept_as).await {
-                        Some(o) => Some(o),
-                        None => return Err(e),
-                    },
+                    Err(kept) => kept,
                 }
             }
         };
@@ -436,10 +470,18 @@ impl Volumes {
         };
         let api = kube::Api::<ServiceAccount>::namespaced(src.client.clone(), &ns);
         let kept_as = format!("token/{ns}/{sa}/{audience}/{seconds}");
-        let resp = match api
-            .create_token_request(&sa, &Default::default(), &req)
-            .await
-        {
+        let post = Default::default();
+        let request = api.create_token_request(&sa, &post, &req);
+        let now = jiff::Timestamp::now().as_second();
+        let kept = self.kept::<KeptToken>(pod, &kept_as).await;
+        let answer = match kept.filter(|t| t.expires > now) {
+            // A kept token to fall back on: the API server gets KEPT_WAIT.
+            Some(_) => tokio::time::timeout(src.kept_wait(), request)
+                .await
+                .unwrap_or_else(|_| Err(kube::Error::Service("no answer in time".into()))),
+            None => request.await,
+        };
+        let resp = match answer {
             Ok(r) => r,
             Err(e) => return self.kept_token(pod, &kept_as, key, e).await,
         };
