@@ -1054,21 +1054,28 @@ async fn containerd_killed_under_churn_loses_no_pod() {
     let t = Instant::now();
     k.containerd_up_again();
     let kept = &churn[2..];
-    wait_for(
-        "churn converged after containerd's restart",
-        Duration::from_secs(90),
-        || async {
-            for n in kept {
-                running(&pods.get(n).await.ok()?).then_some(())?;
-            }
-            for n in &churn[..2] {
-                let gone = matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404);
-                gone.then_some(())?;
-            }
-            Some(())
-        },
-    )
+    let converged = within(Duration::from_secs(90), || async {
+        for n in kept {
+            running(&pods.get(n).await.ok()?).then_some(())?;
+        }
+        for n in &churn[..2] {
+            let gone = matches!(pods.get(n).await, Err(kube::Error::Api(e)) if e.code == 404);
+            gone.then_some(())?;
+        }
+        Some(())
+    })
     .await;
+    if converged.is_none() {
+        let mut seen = String::new();
+        for n in &churn {
+            let status = pods.get(n).await.map(|p| p.status);
+            seen += &format!("{n}: {status:?}\n");
+        }
+        panic!(
+            "churn did not converge within 90 s of containerd's restart\n{seen}{}",
+            k.log()
+        );
+    }
     println!(
         "figure: faults: containerd killed under churn: converged {} ms after it was started again",
         t.elapsed().as_millis()

@@ -64,6 +64,21 @@ pub fn next_backoff(prev: Option<&Backoff>, now: Instant) -> Backoff {
     b
 }
 
+/// Upstream's pod worker `backOffPeriod`: a sync that failed before its
+/// container existed (a config or create error: the runtime down, a
+/// missing ConfigMap) is retried after it, never longer. The crash-loop
+/// back-off only counts containers that exited (`doBackOff`), so such
+/// failures do not grow it: a runtime that was away for a minute must not
+/// leave pods waiting five more.
+pub const RETRY_CREATE: Duration = Duration::from_secs(10);
+
+/// The wait after a failed create: flat at [`RETRY_CREATE`].
+pub fn create_retry(now: Instant) -> Backoff {
+    let mut b = Backoff::steady(RETRY_CREATE, RETRY_CREATE);
+    b.step(now);
+    b
+}
+
 /// The restart back-off a container had reached after `restarts`
 /// restarts, for a worker that did not see them (kinglet was restarted):
 /// derived from the runtime's restart count, so a crash loop does not
@@ -626,6 +641,27 @@ mod tests {
             d = Some(next_backoff(d.as_ref(), now));
         }
         assert_eq!(d.unwrap().delay, BACKOFF_MAX);
+    }
+
+    #[test]
+    fn create_failures_retry_flat() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let mut b = Backoffs::default();
+        b.failure.insert("a".into(), create_retry(now));
+        assert_eq!(
+            steps(&p, &[], &b, 0, now + Duration::from_secs(4)),
+            [(
+                "a".into(),
+                Step::RetryLater {
+                    left: Duration::from_secs(6)
+                }
+            )]
+        );
+        assert_eq!(
+            steps(&p, &[], &b, 0, now + RETRY_CREATE),
+            [start("a", 0, &[])]
+        );
     }
 
     #[test]

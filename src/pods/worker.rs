@@ -747,7 +747,15 @@ impl Worker {
                 if !backoff {
                     return None;
                 }
-                let next = plan::next_backoff(self.backoffs.failure.get(&c.name), Instant::now());
+                // A container that was never made retries flat, as
+                // upstream's pod worker; one that failed to start or its
+                // postStart hook exited, and that backs off growing.
+                let now = Instant::now();
+                let next = match reason {
+                    WaitingReason::CreateContainerConfigError
+                    | WaitingReason::CreateContainerError => plan::create_retry(now),
+                    _ => plan::next_backoff(self.backoffs.failure.get(&c.name), now),
+                };
                 self.backoffs.failure.insert(c.name.clone(), next);
                 Some(next.delay)
             }

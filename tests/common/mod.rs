@@ -121,7 +121,20 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `f` until it returns `Some` or `timeout` passes.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match within(timeout, f).await {
+        Some(v) => v,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Polls `f` until it answers or `timeout` passes (`None`): for a test
+/// that says what it saw before it fails.
+pub async fn within<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -129,12 +142,11 @@ where
     let start = Instant::now();
     loop {
         if let Some(v) = f().await {
-            return v;
+            return Some(v);
         }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if start.elapsed() >= timeout {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
