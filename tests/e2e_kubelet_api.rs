@@ -500,10 +500,12 @@ impl Drop for KillOnDrop {
 
 /// `kubectl port-forward` through the apiserver: SPDY tunnelled in a
 /// WebSocket to the node, one TCP connection per client connection into
-/// the pod's network namespace (an echo server on the pod's loopback).
+/// the pod's network namespace (an echo server on the pod's loopback);
+/// left idle, the tunnel is closed after streamingConnectionIdleTimeout.
 async fn kubectl_port_forward(rt: Rt) {
     use std::io::{BufRead, Read, Write};
-    let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-pf").await;
+    let config = format!("{FAST_CONFIG}streamingConnectionIdleTimeout: 5s\n");
+    let (k, _dir, _admin, pods, _n) = ready_node_with(rt, "kl-pf", &config).await;
     let node = k.name.clone();
     let name = format!("{node}-echo");
     // An echo server in the pod, reached through its network namespace.
@@ -570,6 +572,25 @@ async fn kubectl_port_forward(rt: Rt) {
         assert_eq!(got.len(), sent.len());
         assert!(got == sent, "the echo differs from what was sent");
     }
+    // Nothing moves for 5 s: the node closes the tunnel (kubectl's pings
+    // are not data), and kubectl says it lost the pod and exits.
+    let t = std::time::Instant::now();
+    let mut exited = None;
+    while exited.is_none() && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        exited = child.0.try_wait().unwrap();
+    }
+    let err = std::fs::read_to_string(&pf_err).unwrap_or_default();
+    assert!(
+        exited.is_some_and(|s| !s.success()),
+        "an idle port-forward ran on: {exited:?} after {:?}: {err}",
+        t.elapsed()
+    );
+    eprintln!(
+        "idle port-forward closed after {:?}: {}",
+        t.elapsed(),
+        err.trim()
+    );
     drop(child);
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
