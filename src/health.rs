@@ -61,6 +61,10 @@ pub type Checks = Arc<Vec<(&'static str, Heartbeat)>>;
 pub struct ApiLink {
     since: Arc<std::sync::atomic::AtomicI64>,
     file: Arc<std::path::PathBuf>,
+    /// A call of this run failed since the API server last answered: the
+    /// file alone may be stale (a power cut while offline, then a boot
+    /// with the link back).
+    seen: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ApiLink {
@@ -74,7 +78,14 @@ impl ApiLink {
         ApiLink {
             since: Arc::new(since.into()),
             file: Arc::new(file),
+            seen: Arc::default(),
         }
+    }
+
+    /// Offline as this run has seen it, not only as the last run left it:
+    /// what may skip the API server for kept copies.
+    pub fn known_offline(&self) -> bool {
+        self.seen.load(Ordering::Relaxed) && self.offline_since().is_some()
     }
 
     /// Offline since (Unix seconds), or `None` while online.
@@ -84,6 +95,7 @@ impl ApiLink {
 
     /// The API server answered. True if it was offline until now.
     pub async fn reached(&self) -> bool {
+        self.seen.store(false, Ordering::Relaxed);
         if self.since.swap(0, Ordering::Relaxed) == 0 {
             return false;
         }
@@ -94,6 +106,7 @@ impl ApiLink {
 
     /// The API server did not answer: offline from now, unless already.
     pub async fn lost(&self) {
+        self.seen.store(true, Ordering::Relaxed);
         let now = jiff::Timestamp::now().as_second().max(1);
         if self
             .since
@@ -320,11 +333,15 @@ mod tests {
         let want = format!("[+]apiserver offline since {}", ApiLink::format(since));
         assert!(r.starts_with("HTTP/1.1 200") && r.contains(&want), "{r}");
         assert!(get(addr, "/healthz").await.ends_with("ok"));
-        assert_eq!(
-            ApiLink::new(d.path().join("offline-since")).offline_since(),
-            Some(since)
-        );
+        assert!(link.known_offline());
+        // A new run reads it (`pods ls`, healthz), but has not seen it yet.
+        let next = ApiLink::new(d.path().join("offline-since"));
+        assert_eq!(next.offline_since(), Some(since));
+        assert!(!next.known_offline());
+        next.lost().await;
+        assert!(next.known_offline() && next.offline_since() == Some(since));
         link.reached().await;
+        assert!(!link.known_offline());
         assert!(!d.path().join("offline-since").exists());
         assert!(
             get(addr, "/healthz?verbose")

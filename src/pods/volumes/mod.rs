@@ -53,11 +53,15 @@ pub struct Sources {
 
 impl Sources {
     /// How long to wait for the API server when a kept copy exists:
-    /// [`KEPT_WAIT`], or not at all while the node is known offline.
+    /// [`KEPT_WAIT`], or not at all once this run has seen the node
+    /// offline (the file of an earlier run is not enough: a node that lost
+    /// power while offline may boot with the link back, and must then take
+    /// the objects as they are now, not as they were kept).
     pub fn kept_wait(&self) -> Duration {
-        match self.link.as_ref().and_then(|l| l.offline_since()) {
-            Some(_) => Duration::ZERO,
-            None => KEPT_WAIT,
+        if self.link.as_ref().is_some_and(|l| l.known_offline()) {
+            Duration::ZERO
+        } else {
+            KEPT_WAIT
         }
     }
 }
