@@ -1296,8 +1296,9 @@ async fn ephemeral_status(
 }
 
 /// `kubectl debug`: ephemeral containers added to a running pod start in
-/// it (their logs and exec work), report their own statuses, and one that
-/// exits is never restarted; the pod's own container is left alone.
+/// it (their logs and exec work), report their own statuses, one with
+/// `--target` sees the target's processes (the others their own), and one
+/// that exits is never restarted; the pod's own container is left alone.
 async fn kubectl_debug_adds_ephemeral_containers(rt: Rt) {
     let (k, _dir, _admin, pods, _n) = ready_node(rt, "kl-debug").await;
     let node = k.name.clone();
@@ -1319,35 +1320,49 @@ async fn kubectl_debug_adds_ephemeral_containers(rt: Rt) {
         .container_statuses
         .unwrap()[0]
         .clone();
-    let debug = |container: &str, script: &str| {
-        let (ok, out, err) = kubectl(&[
-            "debug",
-            &name,
-            "--image",
-            BB,
-            "--container",
-            container,
-            "--",
-            "sh",
-            "-c",
-            script,
-        ]);
+    let debug_with = |container: &str, target: &[&str], script: &str| {
+        let mut args = vec!["debug", &name, "--image", BB, "--container", container];
+        args.extend(target);
+        args.extend(["--", "sh", "-c", script]);
+        let (ok, out, err) = kubectl(&args);
         assert!(ok, "kubectl debug: {out}{err}");
     };
-    debug("debugger", "echo debugging; exec sleep 3600");
-    let s = wait_for(
-        "the ephemeral container runs",
-        Duration::from_secs(60),
-        || async {
-            ephemeral_status(&pods, &name, "debugger")
-                .await
-                .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
-        },
-    )
-    .await;
+    let debug = |container: &str, script: &str| debug_with(container, &[], script);
+    let running = |container: &'static str| {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move {
+            wait_for(
+                "the ephemeral container runs",
+                Duration::from_secs(60),
+                || async {
+                    ephemeral_status(&pods, &name, container)
+                        .await
+                        .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
+                },
+            )
+            .await
+        }
+    };
+    // Its own PID namespace: PID 1 is its own shell.
+    let pid1 = "tr '\\0' ' ' </proc/1/cmdline; echo";
+    debug(
+        "debugger",
+        &format!("echo debugging; {pid1}; exec sleep 3600"),
+    );
+    let s = running("debugger").await;
     assert!(!s.ready, "{s:?}");
     let (ok, out, err) = kubectl(&["logs", &name, "-c", "debugger"]);
-    assert!(ok && out == "debugging\n", "{out}{err}");
+    assert!(ok && out.starts_with("debugging\nsh -c "), "{out}{err}");
+    // `--target c`: the target's PID namespace, where PID 1 is its sleep.
+    debug_with(
+        "targeter",
+        &["--target", "c"],
+        &format!("{pid1}; exec sleep 3600"),
+    );
+    running("targeter").await;
+    let (ok, out, err) = kubectl(&["logs", &name, "-c", "targeter"]);
+    assert!(ok && out == "sleep 3600 \n", "{out}{err}");
     let (code, out, err) = kubectl_stdin(
         &["exec", &name, "-c", "debugger", "--", "echo", "inside"],
         b"",

@@ -309,9 +309,7 @@ pub fn contained_path(base: &std::path::Path, parts: &[&str]) -> Option<std::pat
 }
 
 /// The pod's ephemeral containers (`kubectl debug`) as containers: the
-/// same fields but `targetContainerName`, which kinglet does not act on
-/// (the pod's containers do not share a PID namespace per target; a
-/// deliberate difference, in the README).
+/// same fields but `targetContainerName` ([`ephemeral_target`]).
 pub fn ephemeral_containers(spec: &PodSpec) -> Vec<Container> {
     spec.ephemeral_containers
         .iter()
@@ -322,6 +320,18 @@ pub fn ephemeral_containers(spec: &PodSpec) -> Vec<Container> {
             serde_json::from_value(v).ok()
         })
         .collect()
+}
+
+/// The `targetContainerName` of ephemeral container `name`, if it has one:
+/// the container whose PID namespace it joins (`kubectl debug --target`).
+pub fn ephemeral_target<'a>(spec: &'a PodSpec, name: &str) -> Option<&'a str> {
+    spec.ephemeral_containers
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)?
+        .target_container_name
+        .as_deref()
+        .filter(|t| !t.is_empty())
 }
 
 /// A sidecar: an init container that restarts (`restartPolicy: Always`).
@@ -960,6 +970,8 @@ pub fn container_config(
             .termination_message_path
             .clone()
             .unwrap_or_else(|| "/dev/termination-log".into()),
+        // Resolved by the worker from the runtime cache (it needs IDs).
+        pid_target: None,
     })
 }
 

@@ -615,25 +615,24 @@ mod tests {
         );
     }
 
+    /// Container `a` of `p`, which failed at `now`, waits (6 s left at
+    /// 4 s) and is started once `due` has passed.
+    fn waits_then_starts(p: &Pod, b: &Backoffs, now: Instant, due: Duration) {
+        let left = due - Duration::from_secs(4);
+        assert_eq!(
+            steps(p, &[], b, 0, now + Duration::from_secs(4)),
+            [("a".into(), Step::RetryLater { left })]
+        );
+        assert_eq!(steps(p, &[], b, 0, now + due), [start("a", 0, &[])]);
+    }
+
     #[test]
     fn creation_failures_back_off() {
         let now = Instant::now();
         let p = pod("Always", &[], &["a"]);
         let mut b = Backoffs::default();
         b.failure.insert("a".into(), next_backoff(None, now));
-        assert_eq!(
-            steps(&p, &[], &b, 0, now + Duration::from_secs(4)),
-            [(
-                "a".into(),
-                Step::RetryLater {
-                    left: Duration::from_secs(6)
-                }
-            )]
-        );
-        assert_eq!(
-            steps(&p, &[], &b, 0, now + BACKOFF_INITIAL),
-            [start("a", 0, &[])]
-        );
+        waits_then_starts(&p, &b, now, BACKOFF_INITIAL);
         let next = next_backoff(b.failure.get("a"), now);
         assert_eq!(next.delay, Duration::from_secs(20));
         let mut d = None;
@@ -649,19 +648,7 @@ mod tests {
         let p = pod("Always", &[], &["a"]);
         let mut b = Backoffs::default();
         b.failure.insert("a".into(), create_retry(now));
-        assert_eq!(
-            steps(&p, &[], &b, 0, now + Duration::from_secs(4)),
-            [(
-                "a".into(),
-                Step::RetryLater {
-                    left: Duration::from_secs(6)
-                }
-            )]
-        );
-        assert_eq!(
-            steps(&p, &[], &b, 0, now + RETRY_CREATE),
-            [start("a", 0, &[])]
-        );
+        waits_then_starts(&p, &b, now, RETRY_CREATE);
     }
 
     #[test]

@@ -256,6 +256,35 @@ async fn init_containers_then_sidecars_then_containers_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_ephemeral_container_gets_its_targets_id() {
+    let n = node();
+    n.send(vec![pod("u1", ONE)]).await;
+    n.until(Duration::from_secs(3), |n| {
+        n.phase("u1").as_deref() == Some("Running")
+    })
+    .await;
+    let a = n.rt.containers()[0].id.clone();
+    let debug = "  ephemeralContainers:\n  - {name: dbg, image: 'busybox:1', targetContainerName: a}\n  - {name: lost, image: 'busybox:1', targetContainerName: gone}\n";
+    n.send(vec![pod("u1", &format!("{ONE}{debug}"))]).await;
+    let want = format!("create dbg 0 target={a}");
+    n.until(Duration::from_secs(3), |n| n.calls(&want) == 1)
+        .await;
+    // A target the pod does not have: upstream's error, nothing created.
+    n.until(Duration::from_secs(3), |n| {
+        let s = n.status("u1").and_then(|s| s.ephemeral_container_statuses);
+        let lost = s.iter().flatten().find(|c| c.name == "lost").cloned();
+        let w = lost.and_then(|c| c.state?.waiting);
+        w.is_some_and(|w| {
+            w.reason.as_deref() == Some("CreateContainerConfigError")
+                && w.message.as_deref() == Some("unable to find target container gone")
+        })
+    })
+    .await;
+    assert_eq!(n.calls("create lost"), 0);
+    n.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_what_runs() {
     let rt = Arc::new(FakeRuntime::new());
     rt.add_image("busybox:1");

@@ -807,7 +807,10 @@ impl Worker {
         };
         let objects = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await;
         let cfg = objects.and_then(|o| {
-            convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)
+            let pid_target = self.pid_target(pod, c)?;
+            let cfg =
+                convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
+            Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
         });
         let cfg = match cfg {
             Ok(cfg) => cfg,
@@ -850,6 +853,26 @@ impl Worker {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The ID of the container an ephemeral container targets (its newest,
+    /// as upstream's `getTargetID`), or upstream's error when the pod has
+    /// none of that name.
+    fn pid_target(&self, pod: &Pod, c: &Container) -> Result<Option<String>, String> {
+        let Some(target) = pod
+            .spec
+            .as_ref()
+            .and_then(|s| convert::ephemeral_target(s, &c.name))
+        else {
+            return Ok(None);
+        };
+        let current = self.cache.get(&self.uid);
+        current
+            .iter()
+            .filter(|s| s.name == target)
+            .max_by_key(|s| (s.created_at, s.attempt))
+            .map(|s| Some(s.id.clone()))
+            .ok_or_else(|| format!("unable to find target container {target}"))
     }
 
     /// The images of the image volumes `c` mounts, pulled per their pull

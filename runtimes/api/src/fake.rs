@@ -298,7 +298,10 @@ impl Runtime for FakeRuntime {
             let mut s = self.lock();
             s.seq += 1;
             let id = format!("c{}-{}", s.seq, cfg.name);
-            s.calls.push(format!("create {} {}", cfg.name, cfg.attempt));
+            let target = cfg.pid_target.as_ref().map(|t| format!(" target={t}"));
+            let target = target.unwrap_or_default();
+            s.calls
+                .push(format!("create {} {}{target}", cfg.name, cfg.attempt));
             s.containers.insert(
                 id.clone(),
                 ContainerStatus {

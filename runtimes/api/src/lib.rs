@@ -236,6 +236,10 @@ pub struct ContainerConfig {
     pub stdin: bool,
     pub stdin_once: bool,
     pub tty: bool,
+    /// An ephemeral container's `targetContainerName`, resolved: the ID of
+    /// the container whose PID namespace it joins (CRI
+    /// `NamespaceMode::TARGET` with `target_id`). Ignored with `hostPID`.
+    pub pid_target: Option<String>,
 }
 
 /// CRI container states.

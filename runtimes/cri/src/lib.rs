@@ -322,6 +322,24 @@ fn namespace_options(cfg: &SandboxConfig) -> proto::NamespaceOption {
     }
 }
 
+/// A container's namespaces: the pod's, and for an ephemeral container
+/// with a target the target's PID namespace, as upstream's
+/// `namespacesForPod` (only where the PID namespace would be the
+/// container's own).
+fn container_namespace_options(
+    sandbox: &SandboxConfig,
+    cfg: &ContainerConfig,
+) -> proto::NamespaceOption {
+    let mut ns = namespace_options(sandbox);
+    if let Some(target) = cfg.pid_target.as_ref()
+        && ns.pid == proto::NamespaceMode::Container as i32
+    {
+        ns.pid = proto::NamespaceMode::Target as i32;
+        ns.target_id = target.clone();
+    }
+    ns
+}
+
 fn pod_labels(cfg: &SandboxConfig) -> HashMap<String, String> {
     HashMap::from([
         (POD_NAME.into(), cfg.pod_name.clone()),
@@ -850,7 +868,7 @@ impl Runtime for CriRuntime {
                             ..Default::default()
                         }),
                         privileged: cfg.privileged,
-                        namespace_options: Some(namespace_options(sandbox)),
+                        namespace_options: Some(container_namespace_options(sandbox, cfg)),
                         run_as_user: int64(cfg.uid),
                         run_as_group: int64(cfg.gid),
                         supplemental_groups: cfg
@@ -1400,6 +1418,31 @@ mod tests {
         assert_eq!(ns.network, proto::NamespaceMode::Pod as i32);
         assert_eq!(ns.pid, proto::NamespaceMode::Container as i32);
         assert_eq!(c.labels[POD_UID], "u1");
+    }
+
+    #[test]
+    fn an_ephemeral_target_joins_the_targets_pid_namespace_unless_host_pid() {
+        let cfg = ContainerConfig {
+            pid_target: Some("c1".into()),
+            ..Default::default()
+        };
+        let ns = container_namespace_options(&SandboxConfig::default(), &cfg);
+        assert_eq!(ns.pid, proto::NamespaceMode::Target as i32);
+        assert_eq!(ns.target_id, "c1");
+        let plain = container_namespace_options(&SandboxConfig::default(), &Default::default());
+        assert_eq!(
+            (plain.pid, plain.target_id.as_str()),
+            (proto::NamespaceMode::Container as i32, "")
+        );
+        let host = SandboxConfig {
+            host_pid: true,
+            ..Default::default()
+        };
+        let ns = container_namespace_options(&host, &cfg);
+        assert_eq!(
+            (ns.pid, ns.target_id.as_str()),
+            (proto::NamespaceMode::Node as i32, "")
+        );
     }
 
     #[test]

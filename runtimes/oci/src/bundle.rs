@@ -37,6 +37,8 @@ pub(crate) struct BundleInput {
     pub image_mounts: Vec<(usize, ImageRecord)>,
     pub cfg: ContainerConfig,
     pub sandbox: SandboxConfig,
+    /// The PID namespace to join (an ephemeral container's target's).
+    pub join_pid: Option<PathBuf>,
 }
 
 /// What a made bundle needs remembered.
@@ -106,6 +108,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
         host_ipc: sandbox.host_ipc,
         host_uts: sandbox.host_network,
         join_ipc: smeta.and_then(|m| m.ipc.clone()),
+        join_pid: input.join_pid.clone(),
         join_uts: smeta.and_then(|m| m.uts.clone()),
         mounts,
         sysctls: cfg.sysctls.clone(),

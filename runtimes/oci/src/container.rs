@@ -284,6 +284,17 @@ mod tests {
     use crate::spec::ContainerConfig;
     use std::io::Read;
 
+    /// libcontainer binds and connects a container's notify socket through
+    /// a `chdir` into its state dir (the monitor that runs it in
+    /// production is single-threaded); two tests creating containers at
+    /// once in this one process would connect to each other's sockets and
+    /// leave a container waiting for its start forever.
+    static CWD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn cwd_lock() -> std::sync::MutexGuard<'static, ()> {
+        CWD.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A rootfs with busybox-static, as the tests' images have.
     pub fn busybox_rootfs(dir: &Path) {
         std::fs::create_dir_all(dir.join("bin")).unwrap();
@@ -297,6 +308,7 @@ mod tests {
     /// runs as an unprivileged one does.
     #[test]
     fn runs_a_privileged_container() {
+        let _cwd = cwd_lock();
         let dir = tempfile::tempdir().unwrap();
         let bundle = dir.path().join("bundle");
         let rootfs = bundle.join("rootfs");
@@ -344,6 +356,7 @@ mod tests {
 
     #[test]
     fn runs_a_container_and_collects_its_output() {
+        let _cwd = cwd_lock();
         let dir = tempfile::tempdir().unwrap();
         let bundle = dir.path().join("bundle");
         let rootfs = bundle.join("rootfs");

@@ -129,6 +129,15 @@ struct ContainerMeta {
     start_error: Option<(String, i64)>,
 }
 
+/// The monitor's answer as the runtime's error: a container it does not
+/// know is CRI's `NotFound`.
+fn from_monitor(e: monitor::MonitorError) -> RuntimeError {
+    match e {
+        monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
+        e => RuntimeError::Other(e.to_string()),
+    }
+}
+
 fn rt_err(what: &str, e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::Other(format!("{what}: {e}"))
 }
@@ -443,10 +452,7 @@ impl OciRuntime {
             .monitor
             .exec(id, &opts.cmd, [their_stdin, out_w, err_w])
             .await
-            .map_err(|e| match e {
-                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
-                e => RuntimeError::Other(e.to_string()),
-            })?;
+            .map_err(from_monitor)?;
         let stdout = pipe::Receiver::from_owned_fd(out_r).map_err(io)?;
         let stderr = pipe::Receiver::from_owned_fd(err_r).map_err(io)?;
         let stdin = match stdin {
@@ -491,10 +497,7 @@ impl OciRuntime {
             .monitor
             .attach(id, [out_w, err_w])
             .await
-            .map_err(|e| match e {
-                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
-                e => RuntimeError::Other(e.to_string()),
-            })?;
+            .map_err(from_monitor)?;
         let stdin = match stdin.filter(|_| opts.stdin) {
             Some(w) => Some(Box::pin(pipe::Sender::from_owned_fd(w).map_err(io)?)
                 as kinglet_runtime::exec::Writer),
@@ -517,10 +520,7 @@ impl OciRuntime {
             .monitor
             .exec_tty(id, &opts.cmd)
             .await
-            .map_err(|e| match e {
-                monitor::MonitorError::NotFound(m) => RuntimeError::NotFound(m),
-                e => RuntimeError::Other(e.to_string()),
-            })?;
+            .map_err(from_monitor)?;
         let master = pty::Master::new(master)
             .map_err(|e| RuntimeError::Other(format!("exec terminal: {e}")))?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<kinglet_runtime::exec::TermSize>(4);
@@ -588,6 +588,24 @@ impl OciRuntime {
         if let Err(e) = self.monitor.call(&req).await {
             tracing::debug!(container = id, signal, error = %e, "signalling a container");
         }
+    }
+
+    /// The PID namespace of running container `id`, which an ephemeral
+    /// container with `targetContainerName` joins: its process as the
+    /// monitor recorded it, and only while it is that process still (same
+    /// boot, same start time: never a PID reused by another).
+    async fn pid_namespace_of(&self, id: &str) -> Result<PathBuf, RuntimeError> {
+        let r = self
+            .monitor
+            .record(&Request::State { id: id.into() })
+            .await
+            .map_err(from_monitor)?;
+        if r.status != "running" || !r.identity().is_alive(&self.boot_id) {
+            return Err(RuntimeError::Other(format!(
+                "target container {id} is not running"
+            )));
+        }
+        Ok(PathBuf::from(format!("/proc/{}/ns/pid", r.pid)))
     }
 
     /// Whether the monitor records the container as exited.
@@ -1027,6 +1045,10 @@ impl Runtime for OciRuntime {
                 })?;
                 image_mounts.push((i, img));
             }
+            let join_pid = match cfg.pid_target.as_deref() {
+                Some(target) if !sandbox.host_pid => Some(self.pid_namespace_of(target).await?),
+                _ => None,
+            };
             let id = new_id();
             let dir = self.container_dir(&id);
             let input = bundle::BundleInput {
@@ -1041,6 +1063,7 @@ impl Runtime for OciRuntime {
                 image_mounts,
                 cfg: cfg.clone(),
                 sandbox: sandbox.clone(),
+                join_pid,
             };
             let made = blocking(move || {
                 std::fs::create_dir_all(&input.dir).map_err(|e| rt_err("container dir", e))?;

@@ -89,6 +89,8 @@ pub struct ContainerConfig {
     /// shared between the containers of a pod.
     pub join_network: Option<PathBuf>,
     pub join_ipc: Option<PathBuf>,
+    /// An ephemeral container's target's (`/proc/<pid>/ns/pid`).
+    pub join_pid: Option<PathBuf>,
     pub join_uts: Option<PathBuf>,
     pub mounts: Vec<BindMount>,
     pub sysctls: Vec<(String, String)>,
@@ -115,7 +117,7 @@ impl ContainerConfig {
         };
         let mut namespaces = vec![json!({"type": "mount"})];
         if !self.host_pid {
-            namespaces.push(json!({"type": "pid"}));
+            namespaces.push(ns("pid", &self.join_pid));
         }
         if !self.host_ipc {
             namespaces.push(ns("ipc", &self.join_ipc));
@@ -334,6 +336,28 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_target_pid_namespace_is_joined_by_path() {
+        let pid_ns = |c: &ContainerConfig| {
+            c.to_spec()["linux"]["namespaces"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["type"] == "pid")
+                .cloned()
+        };
+        let own = ContainerConfig::default();
+        assert_eq!(pid_ns(&own), Some(json!({"type": "pid"})));
+        let target = ContainerConfig {
+            join_pid: Some("/proc/42/ns/pid".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            pid_ns(&target),
+            Some(json!({"type": "pid", "path": "/proc/42/ns/pid"}))
+        );
+    }
 
     #[test]
     fn spec_parses_as_oci_and_applies_settings() {
