@@ -95,6 +95,16 @@ impl Node {
             .unwrap();
     }
 
+    /// Sends `p` alone and lets time run until it is Running (3 s at most).
+    async fn run(&self, p: Pod) {
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        self.send(vec![p]).await;
+        self.until(Duration::from_secs(3), |n| {
+            n.phase(&uid).as_deref() == Some("Running")
+        })
+        .await;
+    }
+
     fn calls(&self, prefix: &str) -> usize {
         self.rt
             .calls()
@@ -241,11 +251,7 @@ async fn init_containers_then_sidecars_then_containers_in_order() {
     let n = node();
     n.rt.exit_on_start("i1", 0);
     let spec = "  initContainers:\n  - {name: i1, image: 'busybox:1'}\n  - {name: side, image: 'busybox:1', restartPolicy: Always}\n  containers: [{name: a, image: 'busybox:1'}]\n";
-    n.send(vec![pod("u1", spec)]).await;
-    n.until(Duration::from_secs(3), |n| {
-        n.phase("u1").as_deref() == Some("Running")
-    })
-    .await;
+    n.run(pod("u1", spec)).await;
     let order: Vec<String> =
         n.rt.calls()
             .into_iter()
@@ -258,11 +264,7 @@ async fn init_containers_then_sidecars_then_containers_in_order() {
 #[tokio::test(start_paused = true)]
 async fn an_ephemeral_container_gets_its_targets_id() {
     let n = node();
-    n.send(vec![pod("u1", ONE)]).await;
-    n.until(Duration::from_secs(3), |n| {
-        n.phase("u1").as_deref() == Some("Running")
-    })
-    .await;
+    n.run(pod("u1", ONE)).await;
     let a = n.rt.containers()[0].id.clone();
     let debug = "  ephemeralContainers:\n  - {name: dbg, image: 'busybox:1', targetContainerName: a}\n  - {name: lost, image: 'busybox:1', targetContainerName: gone}\n";
     n.send(vec![pod("u1", &format!("{ONE}{debug}"))]).await;
@@ -289,21 +291,11 @@ async fn a_restarted_agent_adopts_what_runs() {
     let rt = Arc::new(FakeRuntime::new());
     rt.add_image("busybox:1");
     let first = node_with(rt.clone(), None);
-    first.send(vec![pod("u1", ONE)]).await;
-    first
-        .until(Duration::from_secs(3), |n| {
-            n.phase("u1").as_deref() == Some("Running")
-        })
-        .await;
+    first.run(pod("u1", ONE)).await;
     first.stop.cancel();
     let before = rt.calls().len();
     let second = node_with(rt.clone(), None);
-    second.send(vec![pod("u1", ONE)]).await;
-    second
-        .until(Duration::from_secs(3), |n| {
-            n.phase("u1").as_deref() == Some("Running")
-        })
-        .await;
+    second.run(pod("u1", ONE)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after: Vec<String> = rt.calls()[before..].to_vec();
     assert!(
@@ -318,11 +310,7 @@ async fn a_restarted_agent_adopts_what_runs() {
 #[tokio::test(start_paused = true)]
 async fn a_sandbox_whose_removal_failed_is_collected_within_a_gc_period() {
     let n = node();
-    n.send(vec![pod("u1", ONE)]).await;
-    n.until(Duration::from_secs(3), |n| {
-        n.phase("u1").as_deref() == Some("Running")
-    })
-    .await;
+    n.run(pod("u1", ONE)).await;
     n.rt.fail_sandbox_removals(1);
     n.send(vec![]).await;
     n.until(Duration::from_secs(5), |n| {
@@ -339,11 +327,7 @@ async fn a_sandbox_whose_removal_failed_is_collected_within_a_gc_period() {
 #[tokio::test(start_paused = true)]
 async fn a_kill_request_fails_the_pod_and_keeps_it_until_removed() {
     let n = node();
-    n.send(vec![pod("u1", ONE)]).await;
-    n.until(Duration::from_secs(3), |n| {
-        n.phase("u1").as_deref() == Some("Running")
-    })
-    .await;
+    n.run(pod("u1", ONE)).await;
     let k = KillRequest {
         reason: "Evicted".into(),
         message: "The node was low on resource: memory.".into(),
@@ -371,11 +355,7 @@ async fn a_kill_request_fails_the_pod_and_keeps_it_until_removed() {
 async fn active_deadline_fails_the_pod() {
     let n = node();
     let spec = "  activeDeadlineSeconds: 5\n  containers: [{name: a, image: 'busybox:1'}]\n";
-    n.send(vec![pod("u1", spec)]).await;
-    n.until(Duration::from_secs(3), |n| {
-        n.phase("u1").as_deref() == Some("Running")
-    })
-    .await;
+    n.run(pod("u1", spec)).await;
     n.until(Duration::from_secs(8), |n| {
         n.phase("u1").as_deref() == Some("Failed")
     })
