@@ -782,37 +782,7 @@ impl Worker {
                 .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
                 .await);
         }
-        let store = self.node.store.clone();
-        let kept = super::objects::read_kept_env(store.as_ref(), &self.uid, &c.name).await;
-        let read = async {
-            let mut objects =
-                super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
-            if let (Ok(o), Some(svc)) = (objects.as_mut(), &self.node.services) {
-                match svc.env(pod).await {
-                    Ok(vars) => o.1 = vars,
-                    Err(e) => objects = Err(e),
-                }
-            }
-            objects
-        };
-        // With the last environment kept, the API server gets a few
-        // seconds (an offline reboot behind a dead route must not wait for
-        // connect timeouts), as the volumes give it.
-        let wait = self.node.volume_sources.as_ref().map(|s| s.kept_wait());
-        let objects = match (&kept, wait) {
-            (Some(_), Some(wait)) => tokio::time::timeout(wait, read)
-                .await
-                .unwrap_or_else(|_| Err("the API server did not answer in time".into())),
-            _ => read.await,
-        };
-        let objects = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await;
-        let cfg = objects.and_then(|o| {
-            let pid_target = self.pid_target(pod, c)?;
-            let cfg =
-                convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
-            Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
-        });
-        let cfg = match cfg {
+        let cfg = match self.container_config(pod, c, attempt).await {
             Ok(cfg) => cfg,
             Err(e) => {
                 return Err(self
@@ -837,22 +807,73 @@ impl Worker {
         }
         let msg = format!("Started container {}", c.name);
         self.rep.event(pod, "Normal", "Started", msg).await;
+        self.after_start(pod, c, &id).await
+    }
+
+    /// The container's `postStart` hook, if it has one: a failing hook is
+    /// evented and kills the container, as upstream.
+    async fn after_start(
+        &mut self,
+        pod: &Pod,
+        c: &Container,
+        id: &str,
+    ) -> Result<(), (WaitingReason, String, bool)> {
         let post_start = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref());
         let Some(h) = post_start else {
             return Ok(());
         };
-        match self.post_start(pod, c, &id, h).await {
+        match self.post_start(pod, c, id, h).await {
             Some(Err(msg)) => {
                 self.rep
                     .event(pod, "Warning", "FailedPostStartHook", msg.clone())
                     .await;
                 let grace = Self::grace(pod, None);
-                self.kill_container(pod, c, &id, grace, "FailedPostStartHook".into())
+                self.kill_container(pod, c, id, grace, "FailedPostStartHook".into())
                     .await;
                 Err((WaitingReason::PostStartHookError, msg, true))
             }
             _ => Ok(()),
         }
+    }
+
+    /// The runtime's config for `c` (upstream's `generateContainerConfig`):
+    /// its environment from the API server's objects and services, or the
+    /// last kept copy when the API server does not answer in time, and the
+    /// ID of an ephemeral container's target. `Err` is the message of a
+    /// `CreateContainerConfigError`.
+    async fn container_config(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        attempt: u32,
+    ) -> Result<kinglet_runtime::ContainerConfig, String> {
+        let store = self.node.store.clone();
+        let kept = super::objects::read_kept_env(store.as_ref(), &self.uid, &c.name).await;
+        let read = async {
+            let mut objects =
+                super::objects::env_objects(self.node.objects.as_deref(), pod, c).await;
+            if let (Ok(o), Some(svc)) = (objects.as_mut(), &self.node.services) {
+                match svc.env(pod).await {
+                    Ok(vars) => o.1 = vars,
+                    Err(e) => objects = Err(e),
+                }
+            }
+            objects
+        };
+        // With the last environment kept, the API server gets a few
+        // seconds (an offline reboot behind a dead route must not wait for
+        // connect timeouts), as the volumes give it.
+        let wait = self.node.volume_sources.as_ref().map(|s| s.kept_wait());
+        let objects = match (&kept, wait) {
+            (Some(_), Some(wait)) => tokio::time::timeout(wait, read)
+                .await
+                .unwrap_or_else(|_| Err("the API server did not answer in time".into())),
+            _ => read.await,
+        };
+        let o = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await?;
+        let pid_target = self.pid_target(pod, c)?;
+        let cfg = convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
+        Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
     }
 
     /// The ID of the container an ephemeral container targets (its newest,

@@ -298,8 +298,8 @@ impl Runtime for FakeRuntime {
             let mut s = self.lock();
             s.seq += 1;
             let id = format!("c{}-{}", s.seq, cfg.name);
-            let target = cfg.pid_target.as_ref().map(|t| format!(" target={t}"));
-            let target = target.unwrap_or_default();
+            let target =
+                (cfg.pid_target.as_ref()).map_or(String::new(), |t| format!(" target={t}"));
             s.calls
                 .push(format!("create {} {}{target}", cfg.name, cfg.attempt));
             s.containers.insert(
