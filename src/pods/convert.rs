@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kinglet_runtime::{ContainerConfig, PortMapping, SandboxConfig};
 
+use super::subpath::{self, SubPath};
 use crate::config::parse_quantity;
 
 /// Node facts the conversion needs.
@@ -775,16 +776,16 @@ pub fn prepare_volumes(pod: &Pod, node: &NodeContext) -> Result<(), ConfigError>
     Ok(())
 }
 
-/// The container's mounts: each volume's host dir, or the `subPath` (or
+/// The container's mounts: each volume's host dir, or for a `subPath` (or
 /// `subPathExpr` expanded with the container's environment, as upstream)
-/// under it, created if missing. A sub path must stay inside its volume,
-/// after expansion and after symlinks the pod may have planted.
+/// the target in the pod's dir that [`subpath::prepare`] binds it onto
+/// before the container is made; the sub paths to prepare come with them.
 fn volume_mounts(
     pod: &Pod,
     c: &Container,
     node: &NodeContext,
     env: &BTreeMap<String, String>,
-) -> Result<Vec<kinglet_runtime::Mount>, ConfigError> {
+) -> Result<(Vec<kinglet_runtime::Mount>, Vec<SubPath>), ConfigError> {
     let paths = volume_paths(pod, node)?;
     let written: BTreeSet<&str> = pod
         .spec
@@ -793,8 +794,8 @@ fn volume_mounts(
         .filter(|v| object_backed(v))
         .map(|v| v.name.as_str())
         .collect();
-    let mut out = Vec::new();
-    for m in c.volume_mounts.iter().flatten() {
+    let (mut out, mut subs) = (Vec::new(), Vec::new());
+    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
         if let Some(reference) = image_volume(pod, &m.name) {
             out.push(kinglet_runtime::Mount {
                 container_path: m.mount_path.clone(),
@@ -816,7 +817,10 @@ fn volume_mounts(
         let host = if sub.is_empty() {
             path.clone()
         } else {
-            sub_path(&m.name, path, &sub)?
+            let s = sub_path(pod, c, i, m, path, &sub, node)?;
+            let target = s.target.display().to_string();
+            subs.push(s);
+            target
         };
         out.push(kinglet_runtime::Mount {
             host_path: host,
@@ -826,7 +830,7 @@ fn volume_mounts(
             ..Default::default()
         });
     }
-    Ok(out)
+    Ok((out, subs))
 }
 
 /// A mount's `mountPropagation`, as upstream's `translateMountPropagation`:
@@ -852,50 +856,36 @@ fn propagation(
     }
 }
 
-/// `volume/sub`, created, and proven to resolve inside `volume`.
-fn sub_path(mount: &str, volume: &str, sub: &str) -> Result<String, ConfigError> {
+/// Mount `index` of container `c` at `volume/sub`: `sub` checked (no
+/// `..`, relative), and its target, upstream's
+/// `volume-subpaths/<volume>/<container>/<index>`, in the pod's volume dir.
+fn sub_path(
+    pod: &Pod,
+    c: &Container,
+    index: usize,
+    m: &k8s_openapi::api::core::v1::VolumeMount,
+    volume: &str,
+    sub: &str,
+    node: &NodeContext,
+) -> Result<SubPath, ConfigError> {
     super::validate::expanded_sub_path(sub)
-        .map_err(|msg| ConfigError(format!("volumeMount {mount:?}: subPath {sub:?} {msg}")))?;
-    let outside = || {
-        ConfigError(format!(
-            "volumeMount {mount:?}: subPath {sub:?} resolves outside of the volume"
-        ))
-    };
-    let root = std::fs::canonicalize(volume).map_err(|e| ConfigError(format!("{volume}: {e}")))?;
-    let inside = |p: &std::path::Path| std::fs::canonicalize(p).is_ok_and(|c| c.starts_with(&root));
-    // One component at a time, checking what exists before going on and
-    // creating only what does not: a symlink the pod planted is never
-    // followed out of the volume, not even to create a directory. (A pod
-    // racing this still could; upstream opens each component with openat.)
-    let mut host = root.clone();
-    // As upstream's SafeMakeDir: what is made gets the volume root's mode,
-    // set explicitly (no umask), so a 0777 emptyDir's subPath is 0777 too.
-    use std::os::unix::fs::PermissionsExt;
-    let io = |p: &std::path::Path, e: std::io::Error| {
-        ConfigError(format!("subPath {}: {e}", p.display()))
-    };
-    let root_mode = std::fs::metadata(&root)
-        .map_err(|e| io(&root, e))?
-        .permissions()
-        .mode()
-        & 0o7777;
-    for part in sub.split('/').filter(|p| !p.is_empty() && *p != ".") {
-        host.push(part);
-        match std::fs::symlink_metadata(&host) {
-            Ok(_) if !inside(&host) => return Err(outside()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&host).map_err(|e| io(&host, e))?;
-                std::fs::set_permissions(&host, std::fs::Permissions::from_mode(root_mode))
-                    .map_err(|e| io(&host, e))?;
-            }
-            Err(e) => return Err(io(&host, e)),
-        }
-    }
-    if !inside(&host) {
-        return Err(outside());
-    }
-    Ok(format!("{}/{sub}", volume.trim_end_matches('/')))
+        .map_err(|msg| ConfigError(format!("volumeMount {:?}: subPath {sub:?} {msg}", m.name)))?;
+    let parts = [
+        pod_uid(pod),
+        subpath::TARGETS_DIR.to_string(),
+        m.name.clone(),
+        c.name.clone(),
+        index.to_string(),
+    ];
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let target = contained_path(std::path::Path::new(&node.volume_root), &parts)
+        .ok_or_else(|| ConfigError(format!("volumeMount {:?}: not a valid volume name", m.name)))?;
+    Ok(SubPath {
+        name: m.name.clone(),
+        volume: volume.into(),
+        sub: sub.into(),
+        target,
+    })
 }
 
 /// The runtime's container config for `c`, restart number `attempt`.
@@ -905,7 +895,7 @@ pub fn container_config(
     attempt: u32,
     node: &NodeContext,
     objects: &EnvObjects,
-) -> Result<ContainerConfig, ConfigError> {
+) -> Result<(ContainerConfig, Vec<SubPath>), ConfigError> {
     let (env, values) = environment(pod, c, node, objects)?;
     let command = c.command.iter().flatten().map(|s| expand(s, &values));
     let args = c.args.iter().flatten().map(|s| expand(s, &values));
@@ -924,10 +914,11 @@ pub fn container_config(
         .map(|g| *g as u32)
         .collect();
     groups.extend(pod_sc.fs_group.map(|g| g as u32));
+    let (mounts, sub_paths) = volume_mounts(pod, c, node, &values)?;
     let limits = Limits::of(c);
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
-    Ok(ContainerConfig {
+    let cfg = ContainerConfig {
         name: c.name.clone(),
         attempt,
         image: c.image.clone().unwrap_or_default(),
@@ -939,7 +930,7 @@ pub fn container_config(
         gid,
         supplemental_groups: groups,
         log_path: format!("{}/{attempt}.log", c.name),
-        mounts: volume_mounts(pod, c, node, &values)?,
+        mounts,
         memory_limit: limits.memory,
         cpu_shares: Some(limits.cpu_shares),
         cpu_quota: limits.cpu_quota,
@@ -972,7 +963,8 @@ pub fn container_config(
             .unwrap_or_else(|| "/dev/termination-log".into()),
         // Resolved by the worker from the runtime cache (it needs IDs).
         pid_target: None,
-    })
+    };
+    Ok((cfg, sub_paths))
 }
 
 /// Upstream's `verifyRunAsNonRoot`: with `runAsNonRoot`, the container's
@@ -1428,37 +1420,32 @@ mod tests {
                 "{bad:?} joined"
             );
         }
-        // Sub paths, literal or expanded, and a symlink the pod planted.
-        let vol = vols.join("u1/v");
-        std::fs::create_dir_all(&vol).unwrap();
-        let v = vol.display().to_string();
-        for bad in ["../x", "/etc", "a/../../x"] {
-            assert!(sub_path("m", &v, bad).is_err(), "{bad:?}");
-        }
-        std::os::unix::fs::symlink(d.path(), vol.join("escape")).unwrap();
-        let e = sub_path("m", &v, "escape/inner").unwrap_err();
-        assert!(e.0.contains("resolves outside of the volume"), "{e:?}");
-        assert!(
-            !d.path().join("inner").exists(),
-            "created through the symlink"
+        // Sub paths, literal or expanded: refused when they climb, else
+        // bound (by the worker, `subpath::prepare`) onto a target in the
+        // pod's own dir.
+        let p = pod(
+            "metadata: {name: p, uid: u1}\nspec: {containers: [{name: c, image: x, env: [{name: D, value: d}], volumeMounts: [{name: v, mountPath: /v}, {name: v, mountPath: /w, subPathExpr: '$(D)/x'}]}], volumes: [{name: v, emptyDir: {}}]}",
         );
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o2777)).unwrap();
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let (cfg, subs) = container_config(&p, c, 0, &node, &EnvObjects::default()).unwrap();
+        let target = vols.join("u1/.subpaths/v/c/1");
+        assert_eq!(cfg.mounts[1].host_path, target.display().to_string());
         assert_eq!(
-            sub_path("m", &v, "ok/deep").unwrap(),
-            format!("{v}/ok/deep")
+            subs,
+            vec![SubPath {
+                name: "v".into(),
+                volume: vols.join("u1/v"),
+                sub: "d/x".into(),
+                target
+            }]
         );
-        // Made with the volume root's mode, whatever the umask.
-        let made = std::fs::metadata(vol.join("ok/deep"))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(made & 0o7777, 0o2777);
-        std::os::unix::fs::symlink("ok", vol.join("alias")).unwrap();
-        assert!(
-            sub_path("m", &v, "alias/x").is_ok(),
-            "a symlink inside is fine"
-        );
+        for bad in ["../x", "/etc", "a/../../x"] {
+            let m: k8s_openapi::api::core::v1::VolumeMount =
+                serde_json::from_value(serde_json::json!({"name": "v", "mountPath": "/v"}))
+                    .unwrap();
+            let e = sub_path(&p, c, 0, &m, "/vol", bad, &node).unwrap_err();
+            assert!(e.0.contains("subPath"), "{bad:?}: {e:?}");
+        }
     }
 
     #[test]
@@ -1471,7 +1458,7 @@ mod tests {
             node_ip: "192.0.2.1".into(),
             ..Default::default()
         };
-        let c = container_config(
+        let (c, _) = container_config(
             &p,
             &p.spec.as_ref().unwrap().containers[0],
             2,
@@ -1534,7 +1521,7 @@ mod tests {
         objs.0.insert((ObjectKind::Secret, "gone".into()), None);
         objs.0
             .insert((ObjectKind::Secret, "s".into()), data(&[("pw", "hunter2")]));
-        let cfg = container_config(&p, c, 0, &NodeContext::default(), &objs).unwrap();
+        let (cfg, _) = container_config(&p, c, 0, &NodeContext::default(), &objs).unwrap();
         let env: BTreeMap<_, _> = cfg.env.iter().cloned().collect();
         assert_eq!(env["CM_a"], "overridden");
         assert_eq!(env["CM_b"], "2");

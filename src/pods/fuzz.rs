@@ -63,7 +63,11 @@ pub fn check(bytes: &[u8], base: &Path) -> Reached {
     let objects = convert::EnvObjects::default();
     for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
         match convert::container_config(&pod, c, 0, &node, &objects) {
-            Ok(cfg) => {
+            Ok((cfg, sub_paths)) => {
+                for s in &sub_paths {
+                    let t = s.target.display().to_string();
+                    assert!(under(&t), "sub path target {t}");
+                }
                 let log = Path::new(&dir).join(&cfg.log_path);
                 assert!(under(&log.display().to_string()), "log {}", log.display());
                 for m in &cfg.mounts {

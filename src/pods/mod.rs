@@ -52,6 +52,7 @@ pub mod services;
 pub mod sources;
 pub mod status;
 pub mod status_manager;
+pub mod subpath;
 pub mod sysctls;
 pub mod validate;
 pub mod volumes;

@@ -872,8 +872,39 @@ impl Worker {
         };
         let o = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await?;
         let pid_target = self.pid_target(pod, c)?;
-        let cfg = convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
+        let (cfg, sub_paths) =
+            convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
+        self.prepare_sub_paths(pod, c, sub_paths).await?;
         Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
+    }
+
+    /// Binds the container's sub paths onto their targets (off the async
+    /// thread), as upstream's `PrepareSafeSubpath`; the cause is logged,
+    /// not told to the pod (it may name host paths).
+    async fn prepare_sub_paths(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        sub_paths: Vec<super::subpath::SubPath>,
+    ) -> Result<(), String> {
+        if sub_paths.is_empty() {
+            return Ok(());
+        }
+        let prepared = tokio::task::spawn_blocking(move || {
+            for s in &sub_paths {
+                super::subpath::prepare(s).map_err(|e| (s.name.clone(), e))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        prepared.map_err(|(mount, e)| {
+            warn!(pod = %pod_name(pod), container = %c.name, error = %e, "preparing a subPath failed");
+            format!(
+                "failed to prepare subPath for volumeMount {mount:?} of container {:?}",
+                c.name
+            )
+        })
     }
 
     /// The ID of the container an ephemeral container targets (its newest,
