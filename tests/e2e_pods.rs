@@ -126,6 +126,7 @@ crate::both_runtimes!(
     termination_messages_and_log_rotation,
     runtime_stats_and_images_of_a_running_node,
     mount_propagation_as_upstream,
+    a_subpath_flipped_into_a_host_link_is_never_mounted,
 );
 
 async fn restart_policies_behave_like_upstream(rt: Rt) {
@@ -906,4 +907,100 @@ async fn mount_propagation_as_upstream(rt: Rt) {
     );
     n.delete("prop");
     n.delete("bidi");
+}
+
+/// The subPath race (CVE-2017-1002101's class), as an attacker runs it: a
+/// sidecar flips `d` of the pod's emptyDir between a dir and a symlink to
+/// a host dir while 20 containers with `subPath: d` start (once its
+/// startup probe saw it flipping). A start may be
+/// refused (and retried), never see the host dir. Pods are made in rounds
+/// until `KINGLET_SUBPATH_RACE_STARTS` starts (default 80, CI's size; the
+/// issue's check is 500) went through; nothing stays mounted after.
+async fn a_subpath_flipped_into_a_host_link_is_never_mounted(rt: Rt) {
+    let n = Node::start(rt);
+    let host = tempfile::Builder::new()
+        .prefix("kinglet-race-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::write(host.path().join("host-marker"), b"").unwrap();
+    let h = host.path().display();
+    let want: usize = std::env::var("KINGLET_SUBPATH_RACE_STARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(80);
+    const PODS: usize = 2;
+    const CONTAINERS: usize = 20;
+    let flip = format!(
+        "trap 'exit 0' TERM; cd /v; touch flipping; while :; do mkdir d; rmdir d; ln -s {h} d; rm d; done"
+    );
+    let look = "if [ -e /m/host-marker ]; then touch /m/ESCAPED; fi; exec sleep 3600";
+    let mut spec = format!(
+        "  terminationGracePeriodSeconds: 1\n  volumes: [{{name: v, emptyDir: {{}}}}]\n  initContainers:\n  - {{name: flip, image: {BB}, imagePullPolicy: Never, restartPolicy: Always, command: [sh, -c, {flip:?}], startupProbe: {{exec: {{command: [test, -e, /v/flipping]}}, periodSeconds: 1}}, volumeMounts: [{{name: v, mountPath: /v}}]}}\n  containers:\n"
+    );
+    for i in 0..CONTAINERS {
+        spec.push_str(&format!("  - {{name: c{i}, image: {BB}, imagePullPolicy: Never, command: [sh, -c, {look:?}], volumeMounts: [{{name: v, mountPath: /m, subPath: d}}]}}\n"));
+    }
+    let started = Instant::now();
+    let (mut starts, mut round) = (0, 0);
+    while starts < want {
+        let names: Vec<String> = (0..PODS).map(|p| format!("race-{round}-{p}")).collect();
+        for name in &names {
+            n.apply(name, &spec);
+        }
+        let escaped = || {
+            let seen: Vec<_> = std::fs::read_dir(host.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            (seen != ["host-marker"]).then_some(seen)
+        };
+        for name in &names {
+            common::wait_for(
+                &format!("{name}: all its containers running"),
+                Duration::from_secs(180),
+                || async {
+                    let r = n.record(name)?;
+                    let running = r
+                        .status
+                        .container_statuses
+                        .iter()
+                        .flatten()
+                        .filter(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+                        .count();
+                    (running == CONTAINERS || escaped().is_some()).then_some(())
+                },
+            )
+            .await;
+            assert_eq!(
+                escaped(),
+                None,
+                "a container saw the host dir through its subPath in round {round}"
+            );
+            starts += CONTAINERS;
+        }
+        for name in &names {
+            n.delete(name);
+        }
+        round += 1;
+    }
+    let refused = n.k.log().matches("preparing a subPath failed").count();
+    println!(
+        "figure: subPath race ({rt:?}): {starts} container starts in {:.0} s, {refused} refused while `d` was a link, 0 saw the host dir",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        refused > 0,
+        "the race never ran: no start saw `d` as a link"
+    );
+    let root = n.root();
+    common::wait_for(
+        "the race pods gone and unmounted",
+        Duration::from_secs(60),
+        || async {
+            let left = common::pods::mounts_under(&root.join("volumes"));
+            left.is_empty().then_some(())
+        },
+    )
+    .await;
 }
