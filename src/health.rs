@@ -17,7 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::warn;
 
 /// Liveness of the main loop: the last beat, in ms since `start`.
 #[derive(Clone, Debug)]
@@ -197,30 +197,27 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves `/healthz` until `shutdown`.
+/// Serves `/healthz` until `shutdown`, on a bounded listener of its own
+/// ([`crate::server::listener`]): it answers while the API port is full.
 pub async fn serve(
     listener: TcpListener,
     checks: Checks,
     link: Option<ApiLink>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => { debug!(error = %e, "healthz accept failed"); continue; }
-            },
-        };
+    use crate::server::listener;
+    let listener = listener::Listener::new(listener, listener::HEALTHZ_MAX_CONNECTIONS, "healthz");
+    while let Some(c) = listener.accept(&shutdown).await {
         let (checks, link) = (checks.clone(), link.clone());
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let resp = respond(&checks, link.as_ref(), &req);
                 async move { Ok::<_, Infallible>(resp) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
+            let _ = listener::http1()
+                .serve_connection(TokioIo::new(c.tcp), svc)
                 .await;
+            drop(c.permit);
         });
     }
 }

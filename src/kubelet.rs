@@ -558,11 +558,12 @@ impl Kubelet {
             metrics,
             stream_idle_timeout: cfg.streaming_connection_idle_timeout.0,
         });
-        let listener = crate::server::bind(addr)?;
-        info!(%addr, "serving the kubelet API");
+        let limit = |l, name| crate::server::Listener::new(l, s.max_connections, name);
+        let listener = limit(crate::server::bind(addr)?, "kubelet API");
+        info!(%addr, max_connections = s.max_connections, "serving the kubelet API");
         if cfg.read_only_port > 0 {
             let ro = SocketAddr::new(ip, cfg.read_only_port as u16);
-            let l = crate::server::bind(ro)?;
+            let l = limit(crate::server::bind(ro)?, "read-only port");
             warn!(addr = %ro, "serving the read-only port: pods and stats without authentication");
             self.spawn(crate::server::serve_read_only(
                 l,

@@ -185,6 +185,12 @@ pub struct Flags {
     #[arg(long, value_name = "DIR")]
     pub image_import_dir: Option<PathBuf>,
 
+    /// Connections the kubelet API and the read-only port each hold at
+    /// most (kinglet's own; upstream's kubelet has no limit). More wait in
+    /// the kernel's backlog until one ends.
+    #[arg(long, value_name = "N", default_value_t = crate::server::listener::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
     /// Container runtime.
     #[arg(long, value_enum, default_value_t = RuntimeKind::Oci)]
     pub runtime: RuntimeKind,
@@ -224,6 +230,8 @@ pub struct Settings {
     pub cni_conf_dir: PathBuf,
     pub cni_bin_dirs: Vec<PathBuf>,
     pub image_limits: ImageLimits,
+    /// `--max-connections`.
+    pub max_connections: usize,
 }
 
 impl Flags {
@@ -303,6 +311,7 @@ impl Flags {
             runtime: self.runtime,
             registry_config: self.image_registry_config.clone(),
             pod_log_dir: self.pod_log_dir.clone(),
+            max_connections: self.max_connections,
             cni_conf_dir: PathBuf::from(&self.cni_conf_dir),
             cni_bin_dirs: self
                 .cni_bin_dir

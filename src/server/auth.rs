@@ -1,13 +1,22 @@
 //! Who is asking and whether they may (upstream's `server/auth.go`):
 //! x509 client certificates verified against `clientCAFile` (the TLS layer
 //! checks the chain; the subject's CN is the user, its O entries the
-//! groups), bearer tokens through TokenReview (cached for `cacheTTL`),
-//! `system:anonymous` only when anonymous auth is on; then one
-//! SubjectAccessReview per (user, verb, subresource), allowed answers
+//! groups), bearer tokens through TokenReview (cached for `cacheTTL`,
+//! failures 30 s), `system:anonymous` only when anonymous auth is on; then
+//! one SubjectAccessReview per (user, verb, subresource), allowed answers
 //! cached 5 min and denials 30 s, with upstream's fine-grained
 //! subresources tried before `proxy`.
+//!
+//! What an unauthenticated peer can grow is bounded: both caches hold a
+//! fixed number of entries ([`Expiring`]), tokens are kept as their
+//! SHA-256 (as upstream's token cache keys by a hash), a token over
+//! [`MAX_TOKEN_BYTES`] is refused without a review, and each client
+//! address may cause [`REVIEWS_PER_SECOND`] TokenReviews a second (a
+//! burst of [`REVIEW_BURST`]); past that it gets 429.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -56,11 +65,101 @@ pub fn attributes(method: &str, path: &str) -> (&'static str, Vec<&'static str>)
     (verb, subresources)
 }
 
-/// Decisions by (user, verb, subresource): allowed or not, and when.
-type Decisions = HashMap<(String, &'static str, &'static str), (bool, Instant)>;
+/// Decisions by (user, verb, subresource): allowed or not.
+type Decisions = Expiring<(String, &'static str, &'static str), bool>;
 
 const ALLOWED_TTL: Duration = Duration::from_secs(300);
 const DENIED_TTL: Duration = Duration::from_secs(30);
+/// How long a token the API server refused stays refused here.
+const UNAUTHENTICATED_TTL: Duration = Duration::from_secs(30);
+/// Upstream's webhook authorizer cache size.
+const DECISIONS_MAX: usize = 8192;
+/// Tokens cached at most (32 bytes of hash and the user each).
+const TOKENS_MAX: usize = 4096;
+/// The longest bearer token reviewed (service account tokens are about
+/// 1 KiB, OIDC ones a few).
+pub const MAX_TOKEN_BYTES: usize = 16 << 10;
+/// TokenReviews one client address may cause, a second and at once.
+pub const REVIEWS_PER_SECOND: f64 = 10.0;
+pub const REVIEW_BURST: f64 = 20.0;
+/// Client addresses whose review budget is tracked.
+const CLIENTS_MAX: usize = 1024;
+
+/// A map of at most `cap` entries that expire: when full, the oldest
+/// insertion goes first (entries live minutes at most, so this is close
+/// to upstream's LRU and needs no reordering on a hit).
+pub struct Expiring<K, V> {
+    map: HashMap<K, (V, Instant, u64)>,
+    order: VecDeque<(K, u64)>,
+    cap: usize,
+    next: u64,
+}
+
+impl<K: Hash + Eq + Clone, V> Expiring<K, V> {
+    pub fn new(cap: usize) -> Self {
+        Expiring {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+            cap: cap.max(1),
+            next: 0,
+        }
+    }
+
+    /// The value of `k` unless it expired by `now`.
+    pub fn get(&self, k: &K, now: Instant) -> Option<&V> {
+        self.map
+            .get(k)
+            .filter(|(_, until, _)| now < *until)
+            .map(|(v, _, _)| v)
+    }
+
+    pub fn get_mut(&mut self, k: &K, now: Instant) -> Option<&mut V> {
+        self.map
+            .get_mut(k)
+            .filter(|(_, until, _)| now < *until)
+            .map(|(v, _, _)| v)
+    }
+
+    /// Keeps `v` for `k` until `until`, dropping the oldest entries past
+    /// the bound.
+    pub fn insert(&mut self, k: K, v: V, until: Instant) {
+        self.next += 1;
+        self.map.insert(k.clone(), (v, until, self.next));
+        self.order.push_back((k, self.next));
+        while self.map.len() > self.cap || self.order.len() > 2 * self.cap {
+            let Some((old, stamp)) = self.order.pop_front() else {
+                break;
+            };
+            // A key inserted again since is younger than this record.
+            if self.map.get(&old).is_some_and(|(_, _, s)| *s == stamp) {
+                self.map.remove(&old);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// A client address's TokenReview budget (a token bucket).
+struct Budget {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Why a request gets no user.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// 401.
+    Unauthorized,
+    /// 429: the address caused too many TokenReviews.
+    TooManyReviews,
+}
 
 /// Authentication and authorization, as configured.
 pub struct Auth {
@@ -70,7 +169,8 @@ pub struct Auth {
     pub webhook_authn: bool,
     pub token_ttl: Duration,
     pub always_allow: bool,
-    tokens: Mutex<HashMap<String, (Option<User>, Instant)>>,
+    tokens: Mutex<Expiring<[u8; 32], Option<User>>>,
+    budgets: Mutex<Expiring<IpAddr, Budget>>,
     decisions: Mutex<Decisions>,
 }
 
@@ -90,35 +190,49 @@ impl Auth {
             webhook_authn,
             token_ttl,
             always_allow,
-            tokens: Mutex::new(HashMap::new()),
-            decisions: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(Expiring::new(TOKENS_MAX)),
+            budgets: Mutex::new(Expiring::new(CLIENTS_MAX)),
+            decisions: Mutex::new(Expiring::new(DECISIONS_MAX)),
         }
     }
 
-    /// The caller of a request: its certificate's subject, its bearer
-    /// token's user, or anonymous (when allowed); `None` is a 401.
-    pub async fn authenticate(&self, cert: Option<&User>, bearer: Option<&str>) -> Option<User> {
+    /// The caller of a request from `peer`: its certificate's subject,
+    /// its bearer token's user, or anonymous (when allowed).
+    pub async fn authenticate(
+        &self,
+        cert: Option<&User>,
+        bearer: Option<&str>,
+        peer: IpAddr,
+    ) -> Result<User, Refused> {
         if let Some(u) = cert {
-            return Some(u.clone());
+            return Ok(u.clone());
         }
         if let Some(t) = bearer.filter(|_| self.webhook_authn) {
-            return self.token_user(t).await;
+            return self.token_user(t, peer).await;
         }
-        self.anonymous.then(|| User {
+        let anonymous = User {
             name: "system:anonymous".into(),
             groups: vec!["system:unauthenticated".into()],
             uid: String::new(),
-        })
+        };
+        self.anonymous
+            .then_some(anonymous)
+            .ok_or(Refused::Unauthorized)
     }
 
-    async fn token_user(&self, token: &str) -> Option<User> {
-        let now = Instant::now();
-        if let Some((u, at)) = self.lock_tokens().get(token)
-            && now.duration_since(*at) < self.token_ttl
-        {
-            return u.clone();
+    async fn token_user(&self, token: &str, peer: IpAddr) -> Result<User, Refused> {
+        if token.is_empty() || token.len() > MAX_TOKEN_BYTES {
+            return Err(Refused::Unauthorized);
         }
-        let client = self.client.clone()?;
+        let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some(u) = lock(&self.tokens).get(&key, now) {
+            return u.clone().ok_or(Refused::Unauthorized);
+        }
+        if !self.spend_review(peer, now) {
+            return Err(Refused::TooManyReviews);
+        }
+        let client = self.client.clone().ok_or(Refused::Unauthorized)?;
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_string(),
@@ -126,10 +240,12 @@ impl Auth {
             },
             ..Default::default()
         };
+        // Not cached when the API server does not answer: the next
+        // request asks again.
         let r = Api::<TokenReview>::all(client)
             .create(&PostParams::default(), &review)
             .await
-            .ok()?;
+            .map_err(|_| Refused::Unauthorized)?;
         let st = r.status.unwrap_or_default();
         let user = st.authenticated.unwrap_or(false).then(|| {
             let ui = st.user.unwrap_or_default();
@@ -139,13 +255,35 @@ impl Auth {
                 uid: ui.uid.unwrap_or_default(),
             }
         });
-        self.lock_tokens()
-            .insert(token.to_string(), (user.clone(), now));
-        user
+        let ttl = if user.is_some() {
+            self.token_ttl
+        } else {
+            UNAUTHENTICATED_TTL
+        };
+        lock(&self.tokens).insert(key, user.clone(), now + ttl);
+        user.ok_or(Refused::Unauthorized)
     }
 
-    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Option<User>, Instant)>> {
-        self.tokens.lock().unwrap_or_else(|p| p.into_inner())
+    /// Takes one TokenReview from `peer`'s budget, if it has one left.
+    fn spend_review(&self, peer: IpAddr, now: Instant) -> bool {
+        let mut budgets = lock(&self.budgets);
+        let idle = Duration::from_secs_f64(REVIEW_BURST / REVIEWS_PER_SECOND);
+        let Some(b) = budgets.get_mut(&peer, now) else {
+            let b = Budget {
+                tokens: REVIEW_BURST - 1.0,
+                at: now,
+            };
+            budgets.insert(peer, b, now + idle);
+            return true;
+        };
+        let refill = now.duration_since(b.at).as_secs_f64() * REVIEWS_PER_SECOND;
+        b.tokens = (b.tokens + refill).min(REVIEW_BURST);
+        b.at = now;
+        if b.tokens < 1.0 {
+            return false;
+        }
+        b.tokens -= 1.0;
+        true
     }
 
     /// Whether `user` may `verb` the node's `subresource`; `Err` names
@@ -170,11 +308,8 @@ impl Auth {
     async fn allowed(&self, user: &User, verb: &'static str, sub: &'static str) -> bool {
         let key = (user.name.clone(), verb, sub);
         let now = Instant::now();
-        if let Some((ok, at)) = self.lock_decisions().get(&key) {
-            let ttl = if *ok { ALLOWED_TTL } else { DENIED_TTL };
-            if now.duration_since(*at) < ttl {
-                return *ok;
-            }
+        if let Some(ok) = lock(&self.decisions).get(&key, now) {
+            return *ok;
         }
         let Some(client) = self.client.clone() else {
             return false;
@@ -203,18 +338,67 @@ impl Auth {
             // Not cached: the next request asks again.
             Err(_) => return false,
         };
-        self.lock_decisions().insert(key, (ok, now));
+        let ttl = if ok { ALLOWED_TTL } else { DENIED_TTL };
+        lock(&self.decisions).insert(key, ok, now + ttl);
         ok
     }
+}
 
-    fn lock_decisions(&self) -> std::sync::MutexGuard<'_, Decisions> {
-        self.decisions.lock().unwrap_or_else(|p| p.into_inner())
-    }
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_caches_stay_bounded_and_expire() {
+        let now = Instant::now();
+        let mut c = Expiring::new(3);
+        for i in 0..10 {
+            c.insert(i, i * 10, now + Duration::from_secs(60));
+        }
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.get(&9, now), Some(&90));
+        assert_eq!(c.get(&0, now), None, "the oldest went first");
+        // Inserted again: the older record of it no longer evicts it.
+        c.insert(7, 71, now + Duration::from_secs(60));
+        c.insert(10, 100, now + Duration::from_secs(60));
+        assert_eq!(c.get(&7, now), Some(&71));
+        assert_eq!(c.get(&10, now + Duration::from_secs(61)), None, "expired");
+        for i in 0..10_000 {
+            c.insert(i % 5, i, now + Duration::from_secs(60));
+        }
+        assert!(c.len() <= 3 && c.order.len() <= 6);
+    }
+
+    #[tokio::test]
+    async fn tokens_are_bounded_in_size_and_reviews_per_address() {
+        // No API client: a review that passes the gates is refused 401.
+        let auth = Auth::new(None, "n".into(), false, true, ALLOWED_TTL, false);
+        let peer: IpAddr = "192.0.2.7".parse().unwrap();
+        let huge = "x".repeat(MAX_TOKEN_BYTES + 1);
+        assert_eq!(
+            auth.authenticate(None, Some(&huge), peer).await,
+            Err(Refused::Unauthorized)
+        );
+        let mut refused = Vec::new();
+        for i in 0..30 {
+            refused.push(auth.authenticate(None, Some(&format!("t{i}")), peer).await);
+        }
+        let limited = refused
+            .iter()
+            .filter(|r| **r == Err(Refused::TooManyReviews))
+            .count();
+        assert_eq!(limited, 30 - REVIEW_BURST as usize);
+        // Another address has its own budget.
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        assert_eq!(
+            auth.authenticate(None, Some("t99"), other).await,
+            Err(Refused::Unauthorized)
+        );
+    }
 
     #[test]
     fn paths_map_to_upstreams_subresources() {

@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod exec;
 pub mod idle;
+pub mod listener;
 pub mod logs;
 pub mod portforward;
 pub mod stats;
@@ -37,6 +38,7 @@ use tracing::{debug, warn};
 
 use crate::pods::StatusView;
 use auth::{Auth, User};
+pub use listener::Listener;
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -150,19 +152,26 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
 
 /// Serves until `shutdown`.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     tls: Arc<rustls::ServerConfig>,
     state: Arc<State>,
     shutdown: CancellationToken,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
+    while let Some(c) = listener.accept(&shutdown).await {
         let (acceptor, state, stop) = (acceptor.clone(), state.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(t) => t,
-                Err(e) => {
+            let (peer, _slot) = (c.peer, c.permit);
+            let handshake =
+                tokio::time::timeout(listener::HANDSHAKE_TIMEOUT, acceptor.accept(c.tcp));
+            let tls = match handshake.await {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
                     debug!(%peer, error = %e, "kubelet API TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "kubelet API TLS handshake timed out");
                     return;
                 }
             };
@@ -174,9 +183,9 @@ pub async fn serve(
                 .and_then(|c| auth::user_of_cert(c));
             let svc = hyper::service::service_fn(move |req| {
                 let (state, user) = (state.clone(), cert_user.clone());
-                async move { Ok::<_, Infallible>(handle(&state, user.as_ref(), req).await) }
+                async move { Ok::<_, Infallible>(handle(&state, user.as_ref(), peer, req).await) }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
+            let conn = listener::http1()
                 .serve_connection(TokioIo::new(tls), svc)
                 .with_upgrades();
             tokio::select! {
@@ -187,48 +196,21 @@ pub async fn serve(
     }
 }
 
-/// The next connection, with Nagle off as Go's listeners have it (a
-/// response's header and body are separate small writes; with Nagle the
-/// second waits out the peer's delayed ACK, 40 ms a request); `None` at
-/// shutdown. A failed accept is logged and skipped.
-async fn accept(
-    listener: &TcpListener,
-    shutdown: &CancellationToken,
-) -> Option<(tokio::net::TcpStream, SocketAddr)> {
-    loop {
-        let r = tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            r = listener.accept() => r,
-        };
-        match r {
-            Ok((tcp, peer)) => {
-                let _ = tcp.set_nodelay(true);
-                return Some((tcp, peer));
-            }
-            Err(e) => debug!(error = %e, "kubelet API accept failed"),
-        }
-    }
-}
-
 /// Serves the read-only port (`readOnlyPort`) until `shutdown`: plain
 /// HTTP, no authentication, as upstream's `ListenAndServeKubeletReadOnlyServer`:
 /// the default handlers only (`/healthz`, `/pods`, `/stats/summary`,
 /// `/metrics*`); the debugging ones answer 405 "Debug endpoints are
 /// disabled." and `/configz` is not there.
-pub async fn serve_read_only(
-    listener: TcpListener,
-    state: Arc<State>,
-    shutdown: CancellationToken,
-) {
-    while let Some((tcp, peer)) = accept(&listener, &shutdown).await {
+pub async fn serve_read_only(listener: Listener, state: Arc<State>, shutdown: CancellationToken) {
+    while let Some(c) = listener.accept(&shutdown).await {
         let (state, stop) = (state.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let (peer, _slot) = (c.peer, c.permit);
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(read_only(&state, req.uri()).await) }
             });
-            let conn =
-                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc);
+            let conn = listener::http1().serve_connection(TokioIo::new(c.tcp), svc);
             tokio::select! {
                 _ = stop.cancelled() => {}
                 r = conn => if let Err(e) = r { debug!(%peer, error = %e, "read-only port connection"); },
@@ -274,6 +256,7 @@ fn text(code: StatusCode, body: impl Into<String>) -> Response<Body> {
 async fn handle(
     state: &State,
     cert_user: Option<&User>,
+    peer: SocketAddr,
     req: Request<hyper::body::Incoming>,
 ) -> Response<Body> {
     let bearer = req
@@ -282,8 +265,20 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let Some(user) = state.auth.authenticate(cert_user, bearer).await else {
-        return text(StatusCode::UNAUTHORIZED, "Unauthorized");
+    let user = match state.auth.authenticate(cert_user, bearer, peer.ip()).await {
+        Ok(u) => u,
+        Err(auth::Refused::Unauthorized) => return text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+        Err(auth::Refused::TooManyReviews) => {
+            let mut r = text(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many requests, please try again later.\n",
+            );
+            r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from_static("1"),
+            );
+            return r;
+        }
     };
     let (method, path) = (
         req.method().as_str().to_string(),
