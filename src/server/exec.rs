@@ -23,7 +23,7 @@ use futures::{SinkExt, StreamExt};
 use kinglet_runtime::exec::{ExecOptions, ExecSession, Reader, TermSize, Writer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::protocol::{Message, Role};
+use tokio_tungstenite::tungstenite::protocol::Message;
 use tracing::debug;
 
 use super::idle::Activity;
@@ -299,6 +299,9 @@ async fn read_client<S>(
     }
 }
 
+/// How long a process is left to finish once its client went away.
+const CLIENT_GONE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Streams one session over an upgraded connection until the process
 /// ends (then its status and a close), the client goes away, or no data
 /// moves for `idle` (then the session is dropped, which kills the
@@ -313,7 +316,7 @@ pub async fn stream<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+    let ws = super::ws::server(io).await;
     let (mut sink, mut source) = ws.split();
     let (tx, mut rx) = mpsc::channel::<Message>(8);
     let activity = Activity::new(idle);
@@ -346,13 +349,13 @@ pub async fn stream<IO>(
         );
         exit.map_err(|e| e.to_string())
     };
-    tokio::pin!(run);
+    let mut run = Box::pin(run);
     let exit = tokio::select! {
         e = &mut run => Some(e),
         // The client's side ended: a process that is finishing anyway
         // (its output in flight) gets a moment to, then it is killed.
         _ = read_client(&mut source, p, stdin, resize, &activity) => {
-            tokio::time::timeout(std::time::Duration::from_secs(2), &mut run).await.ok()
+            tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await.ok()
         }
         _ = activity.expired() => {
             debug!(?idle, "exec session idle (streamingConnectionIdleTimeout); the process is killed");
@@ -360,13 +363,17 @@ pub async fn stream<IO>(
             return;
         }
     };
-    match &exit {
-        Some(e) => {
-            if let Some(body) = exit_status(p, e, &cmd) {
-                let _ = tx.send(frame(p, ERROR, &body)).await;
-            }
-        }
-        None => debug!("exec client went away; the process is killed"),
+    // The session's end kills a process still running and drops the
+    // pumps' senders, so the writer below sees the end of its queue.
+    drop(run);
+    let Some(e) = &exit else {
+        debug!("exec client went away; the process is killed");
+        // Nobody reads the socket any more: it goes now, with the writer.
+        writer.abort();
+        return;
+    };
+    if let Some(body) = exit_status(p, e, &cmd) {
+        let _ = tx.send(frame(p, ERROR, &body)).await;
     }
     drop(tx);
     if let Ok(Some(mut sink)) = writer.await {

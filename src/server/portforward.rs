@@ -18,6 +18,8 @@ use kinglet_spdy::{Conn, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
+use tokio_util::sync::CancellationToken;
+
 use super::{Body, State, Target, text, ws};
 
 /// The tunnelled SPDY protocol, as the WebSocket subprotocol names it.
@@ -123,6 +125,10 @@ where
 {
     let (conn, mut incoming) = Conn::start(io, false);
     let _closer = conn.closer();
+    // The tunnel's end (the client went, or the idle timeout dropped this)
+    // ends every connection forwarded through it.
+    let tunnel = CancellationToken::new();
+    let _ends_forwards = tunnel.clone().drop_guard();
     let mut pending: HashMap<String, Pair> = HashMap::new();
     while let Some(s) = incoming.recv().await {
         let (port, kind) = match check(&s) {
@@ -151,7 +157,14 @@ where
             }) = pending.remove(&id)
         {
             let what = format!("port {port} to pod {pod}, uid {uid}");
-            tokio::spawn(forward(rt.clone(), sandbox.clone(), port, d, e, what));
+            let f = forward(rt.clone(), sandbox.clone(), port, d, e, what);
+            let tunnel = tunnel.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = f => {}
+                    _ = tunnel.cancelled() => {}
+                }
+            });
         }
     }
     conn.close().await;

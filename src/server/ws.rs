@@ -58,9 +58,27 @@ pub fn switching(key: &str, protocol: &str) -> Response<Body> {
     r
 }
 
+/// The largest message, and frame, a client may send: stdin and
+/// port-forward data come in chunks of at most 32 KiB (client-go's), so
+/// this only refuses what would make kinglet buffer a client's flood
+/// (tungstenite's defaults are 64 and 16 MiB).
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The server side of a WebSocket on an upgraded connection, with
+/// [`MAX_MESSAGE`] as its limit: a larger message ends the connection.
+pub async fn server<IO>(io: IO) -> WebSocketStream<IO>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE));
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
+}
+
 /// The server side of the WebSocket on an upgraded connection.
 pub async fn accept(io: Upgraded) -> WebSocketStream<Upgraded> {
-    WebSocketStream::from_raw_socket(io, Role::Server, None).await
+    server(io).await
 }
 
 /// A WebSocket as a byte stream: each binary message's bytes in order,

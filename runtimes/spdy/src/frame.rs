@@ -18,8 +18,10 @@ const PING: u16 = 6;
 const GOAWAY: u16 = 7;
 const HEADERS: u16 = 8;
 const FLAG_FIN: u8 = 0x01;
-/// The largest frame kinglet reads (SPDY allows 16 MiB).
-const MAX_FRAME: usize = 1 << 24;
+/// The largest frame kinglet reads (SPDY allows 16 MiB; spdystream, the
+/// peers' library, writes data in 32 KiB frames): a larger one is a
+/// protocol error, never a buffer that size.
+const MAX_FRAME: usize = 1 << 20;
 /// The largest header block kinglet decompresses.
 const MAX_HEADER_BLOCK: usize = 1 << 20;
 
