@@ -357,7 +357,8 @@ impl PodManager {
                 info!(pod = %pod_name(&pod), uid = %uid, "pod removed");
                 self.status.terminated(&uid, &pod);
                 if let Some(dir) = super::convert::pod_log_dir(&pod, &self.node) {
-                    tokio::spawn(remove_log_dir_later(dir, shutdown.clone()));
+                    let marker = self.status.log_marker(&uid);
+                    tokio::spawn(remove_log_dir_later(dir, marker, shutdown.clone()));
                 }
                 let listed = self.sources.get(&uid).cloned();
                 if self.workers.removed(&uid, listed.is_some()) == AfterRemoval::Restart
@@ -381,12 +382,22 @@ const POD_CGROUP_SWEEP_PERIOD: Duration = Duration::from_secs(10);
 /// Upstream's `ContainerGCPeriod` (one minute).
 const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);
 
-async fn remove_log_dir_later(dir: std::path::PathBuf, shutdown: CancellationToken) {
+/// Removes a removed pod's log dir after [`LOG_DIR_GRACE`], then its
+/// marker; a stop before then leaves the marker for the next start.
+async fn remove_log_dir_later(
+    dir: std::path::PathBuf,
+    marker: Option<std::path::PathBuf>,
+    shutdown: CancellationToken,
+) {
     tokio::select! {
         _ = shutdown.cancelled() => return,
         _ = tokio::time::sleep(LOG_DIR_GRACE) => {}
     }
-    let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = std::fs::remove_dir_all(dir);
+        marker.map(std::fs::remove_file)
+    })
+    .await;
 }
 
 /// After a restart: containers and sandboxes of pods no source wants

@@ -200,9 +200,19 @@ impl StatusManager {
     /// deleted (an API pod being deleted) or its mirror removed (static).
     pub fn terminated(&mut self, uid: &str, pod: &Pod) {
         self.forget(uid);
+        // Its log dir goes a minute later; the marker says so to the next
+        // run if kinglet stops before then.
+        if let Some(m) = self.log_marker(uid) {
+            let _ = std::fs::write(m, b"");
+        }
         if let Some(api) = &self.api {
             api.finish(pod);
         }
+    }
+
+    /// The marker of a removed pod whose log dir is still to go.
+    pub fn log_marker(&self, uid: &str) -> Option<PathBuf> {
+        super::convert::contained_child(&self.dir, &format!("{uid}.logs"))
     }
 
     /// Drops what is known of a pod that never ran (no API call).
@@ -214,8 +224,10 @@ impl StatusManager {
         }
     }
 
-    /// Drops the records of pods no source wants (after `SourcesReady`);
-    /// returns their UIDs.
+    /// Drops the records of pods no source wants (after `SourcesReady`),
+    /// the log markers of pods removed before the last stop, and the temp
+    /// files a crash (or a full disk) left; returns the UIDs whose log
+    /// dirs are to go.
     pub fn remove_stale_records(&mut self, desired: &BTreeSet<String>) -> BTreeSet<String> {
         let mut gone = BTreeSet::new();
         let Ok(rd) = std::fs::read_dir(&self.dir) else {
@@ -223,7 +235,12 @@ impl StatusManager {
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(uid) = name.strip_suffix(".json")
+            if name.ends_with(".tmp") {
+                let _ = std::fs::remove_file(e.path());
+            } else if let Some(uid) = name.strip_suffix(".logs") {
+                let _ = std::fs::remove_file(e.path());
+                gone.insert(uid.to_string());
+            } else if let Some(uid) = name.strip_suffix(".json")
                 && !name.starts_with("api-")
                 && !desired.contains(uid)
             {
@@ -325,6 +342,13 @@ mod tests {
         m.terminated("u1", &pod);
         assert!(read_record(dir.path(), "u1").is_none());
         assert!(m.view().get("u1").is_none());
+        // Stopped before its log dir went, and a temp file a full disk
+        // left: the next start names the pod gone and removes both.
+        std::fs::write(dir.path().join("u2.json.tmp"), b"").unwrap();
+        let mut next = StatusManager::new(dir.path().to_path_buf(), None);
+        let gone = next.remove_stale_records(&BTreeSet::new());
+        assert_eq!(gone, BTreeSet::from(["u1".to_string()]));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]
