@@ -36,6 +36,14 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The pod records under kinglet's root (not the markers beside them).
+fn pod_records(root: &Path) -> Vec<PathBuf> {
+    tree(&root.join("pods"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect()
+}
+
 /// Every entry under `dir`, recursively.
 fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -217,7 +225,7 @@ async fn hostile_static_manifests_write_nothing_outside_and_leak_no_secret() {
         assert!(log.contains(want), "kinglet did not log {want:?}:\n{log}");
     }
     // Only the good pod has a record: none of the others ever ran.
-    let records = std::fs::read_dir(root.join("pods")).unwrap().count();
+    let records = pod_records(&root).len();
     assert_eq!(records, 1, "records: {:?}", tree(&root.join("pods")));
     assert_eq!(k.healthz().await, Some(200));
     let rss = rss_kib(k.pid());
@@ -276,8 +284,7 @@ async fn hostile_static_manifests_write_nothing_outside_and_leak_no_secret() {
         std::fs::remove_file(e.path()).unwrap();
     }
     common::wait_for("the good pod gone", Duration::from_secs(60), || async {
-        let n = std::fs::read_dir(root.join("pods")).map_or(0, |rd| rd.count());
-        (n == 0).then_some(())
+        pod_records(&root).is_empty().then_some(())
     })
     .await;
     assert!(tree(target.path()).is_empty());
