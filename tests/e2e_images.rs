@@ -480,9 +480,26 @@ fn hostile_archives_write_nothing_outside_the_store() {
         "something was written outside"
     );
     assert_eq!(std::fs::read(sentinel.join("victim")).unwrap(), b"safe");
-    // Nothing half-imported: only the two accepted images, no tmp left.
+    // Nothing half-imported: only the two accepted images, no tmp left,
+    // and no blob of a refused import.
     let index = cli.index();
     assert_eq!(index.names.len(), 2, "{:?}", index.names);
+    let referenced: std::collections::BTreeSet<String> = index
+        .images
+        .values()
+        .flat_map(|i| {
+            let layers = i.layers.iter().map(|l| l.blob.clone());
+            [i.id.clone(), i.manifest.clone()].into_iter().chain(layers)
+        })
+        .map(|d| d.trim_start_matches("sha256:").to_string())
+        .collect();
+    let blobs: std::collections::BTreeSet<String> =
+        std::fs::read_dir(cli.store_dir().join("blobs/sha256"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+    assert_eq!(blobs, referenced, "blobs a refused import left");
     assert_eq!(
         std::fs::read_dir(cli.store_dir().join("tmp"))
             .unwrap()

@@ -352,11 +352,18 @@ impl ImageStore {
         }
         let mut recs = Vec::new();
         let mut descs = Vec::new();
+        // Blobs this import brought in: a refused import (a layer over the
+        // limits or the imagefs reserve) takes them out again.
+        let mut brought = Vec::new();
         for ((path, digest), diff) in layers.iter().zip(&cfg.rootfs.diff_ids) {
             let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             let media = layer_media_type(path);
             // Spooled into this store's tmp: the commit is a rename.
             if path.exists() {
+                let blob = self.blob_path(digest)?;
+                if !blob.exists() {
+                    brought.push(blob);
+                }
                 self.commit_blob(path, digest)?;
             }
             let rec = LayerRecord {
@@ -364,7 +371,12 @@ impl ImageStore {
                 diff_id: diff.clone(),
                 size,
             };
-            self.ensure_layer(&label, &rec)?;
+            if let Err(e) = self.ensure_layer(&label, &rec) {
+                for b in &brought {
+                    let _ = std::fs::remove_file(b);
+                }
+                return Err(e);
+            }
             descs.push(serde_json::json!({"mediaType": media, "digest": digest, "size": size}));
             recs.push(rec);
         }
