@@ -109,3 +109,41 @@ pub fn byte_stream(
     let writer = tokio_util::io::SinkWriter::new(tokio_util::io::CopyToBytes::new(Box::pin(sink)));
     tokio::io::join(reader, writer)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_message_past_the_limit_ends_the_connection() {
+        let (client_io, server_io) = tokio::io::duplex(64 << 10);
+        let server = tokio::spawn(async move {
+            let mut ws = server(server_io).await;
+            let mut got = Vec::new();
+            while let Some(m) = ws.next().await {
+                match m {
+                    Ok(m) => got.push(m.len()),
+                    Err(e) => return (got, Some(e.to_string())),
+                }
+            }
+            (got, None)
+        });
+        let mut client = WebSocketStream::from_raw_socket(client_io, Role::Client, None).await;
+        client
+            .send(Message::Binary(vec![1u8; 32 << 10].into()))
+            .await
+            .unwrap();
+        // The big one may not even be written whole: the server stops
+        // reading at the limit.
+        let _ = client
+            .send(Message::Binary(vec![2u8; MAX_MESSAGE + 1].into()))
+            .await;
+        drop(client);
+        let (got, err) = server.await.unwrap();
+        assert_eq!(got, [32 << 10]);
+        let refused = err
+            .as_deref()
+            .is_some_and(|e| e.contains("too long") || e.contains("size"));
+        assert!(refused, "{err:?}");
+    }
+}
