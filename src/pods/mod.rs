@@ -17,6 +17,8 @@
 //!   Services;
 //! - [`volumes`]: each pod's volumes, prepared before its containers and
 //!   kept current (configMap, secret, downwardAPI, projected tokens);
+//! - [`subpath`]: `subPath` mounts opened without following links and
+//!   bound by descriptor, so a pod cannot race them out of the volume;
 //! - [`validate`]: the one gate every pod (static or API) passes before
 //!   anything of it touches the disk;
 //! - [`prober`]: liveness, readiness and startup probes, one task per

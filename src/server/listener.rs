@@ -93,7 +93,7 @@ impl Listener {
         }
     }
 
-    /// Free slots now (for tests and the metrics).
+    /// Free slots now.
     pub fn available(&self) -> usize {
         self.permits.available_permits()
     }

@@ -11,6 +11,8 @@
 //!
 //! The serving certificate comes from [`crate::certificate::serving`]
 //! (files reloaded on change, `serverTLSBootstrap`, or self-signed).
+//! Both ports are bounded against unauthenticated peers ([`listener`]:
+//! connection limits, handshake and header timeouts, accept back-off).
 
 pub mod auth;
 pub mod exec;
