@@ -5,7 +5,8 @@
 //! memory); each connection gets a TLS-handshake timeout and hyper's header
 //! read timeout, which also closes a keep-alive connection that sends no
 //! next request; and a failing `accept` (EMFILE) backs off 5 ms doubling to
-//! 1 s, as Go's `net/http` does, with one log line per back-off.
+//! 1 s, as Go's `net/http` does, with one log line per back-off. TCP
+//! keep-alive is on, as Go's listeners have it, so half-open peers go.
 //!
 //! `/healthz` has a listener of its own, so it answers while the API port
 //! is saturated.
@@ -79,6 +80,7 @@ impl Listener {
             match r {
                 Ok((tcp, peer)) => {
                     let _ = tcp.set_nodelay(true);
+                    keepalive(&tcp);
                     return Some(Conn { tcp, peer, permit });
                 }
                 Err(e) => {
@@ -97,6 +99,19 @@ impl Listener {
     pub fn available(&self) -> usize {
         self.permits.available_permits()
     }
+}
+
+/// TCP keep-alive as Go's listeners set it (15 s idle, 15 s apart, 9
+/// probes): a peer that vanished without a FIN (a half-open connection, a
+/// board's client unplugged) is found in about 2.5 minutes, whatever the
+/// stream's own idle timeout.
+fn keepalive(tcp: &TcpStream) {
+    use rustix::net::sockopt;
+    let every = Duration::from_secs(15);
+    let _ = sockopt::set_socket_keepalive(tcp, true);
+    let _ = sockopt::set_tcp_keepidle(tcp, every);
+    let _ = sockopt::set_tcp_keepintvl(tcp, every);
+    let _ = sockopt::set_tcp_keepcnt(tcp, 9);
 }
 
 /// Go's accept back-off: 5 ms, doubling, at most 1 s.
@@ -132,6 +147,19 @@ mod tests {
             })
             .collect();
         assert_eq!(seen, [5, 10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_have_gos_keepalive() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let l = Listener::new(tcp, 1, "test");
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let c = l.accept(&CancellationToken::new()).await.unwrap();
+        use rustix::net::sockopt;
+        assert_eq!(sockopt::socket_keepalive(&c.tcp), Ok(true));
+        assert_eq!(sockopt::tcp_keepidle(&c.tcp), Ok(Duration::from_secs(15)));
+        assert_eq!(sockopt::tcp_nodelay(&c.tcp), Ok(true));
     }
 
     #[tokio::test]
