@@ -18,6 +18,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 export KINGLET_SUBPATH_RACE_STARTS=$starts KINGLET_FLOOD_CONNECTIONS=$connections KINGLET_FLOOD_TOKENS=$tokens
-cargo test --locked --test e2e_pods --test e2e_hostile_api -- \
+cargo test --locked --no-fail-fast --test e2e_pods --test e2e_hostile_api -- \
   a_subpath floods abandoned --nocapture --test-threads 1 2>&1 | tee target/hostile-bench.log |
   grep -E '^(figure:|test result:)'
