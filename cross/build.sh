@@ -25,6 +25,9 @@ if ! rustup target list --installed | grep -qx "$target" && ! rustup target add 
   echo "cross/build.sh: no prebuilt standard library for $target; building it from source on $NIGHTLY" >&2
   rustup toolchain list | grep -q "^$NIGHTLY" ||
     rustup toolchain install "$NIGHTLY" --profile minimal -c rust-src >&2
+  # The same nightly installed by tests/fuzz.sh first has no rust-src.
+  rustup component list --toolchain "$NIGHTLY" --installed | grep -q '^rust-src' ||
+    rustup component add rust-src --toolchain "$NIGHTLY" >&2
   build=(cargo "+$NIGHTLY" zigbuild -Zbuild-std=std,panic_abort --release --locked --target "$target" --bin kinglet)
   # A standard library built from source comes without the musl start
   # files (crt1.o) and libc.a rustup's rust-std bundles: zig's own musl
