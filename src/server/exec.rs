@@ -376,22 +376,30 @@ pub async fn stream<IO>(
         let _ = tx.send(frame(p, ERROR, &body)).await;
     }
     drop(tx);
-    if let Ok(Some(mut sink)) = writer.await {
-        // 1000, as Go's websocket closes: clients read it as the end of
-        // every stream (a close without a code is an error to them).
-        let normal = tokio_tungstenite::tungstenite::protocol::CloseFrame {
-            code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
-            reason: "".into(),
-        };
-        let _ = sink.send(Message::Close(Some(normal))).await;
-        // The closing handshake: read until the client's Close (or its
-        // end) before the socket goes. Closing with unread input makes the
-        // kernel reset the connection, and a reset drops what the peer
-        // has not read yet: the tail of the output and the status.
-        let drain = async { while let Some(Ok(_)) = source.next().await {} };
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
-        let _ = sink.close().await;
+    if let Ok(Some(sink)) = writer.await {
+        close_normally(sink, source).await;
     }
+}
+
+/// A WebSocket's normal end: 1000, as Go's websocket closes (clients read
+/// it as the end of every stream; a close without a code is an error to
+/// them), then the closing handshake: the client's input is read until
+/// its Close (or its end) before the socket goes. Closing with unread
+/// input makes the kernel reset the connection, and a reset drops what
+/// the peer has not read yet: the tail of the output and the status.
+async fn close_normally<K, S>(mut sink: K, mut source: S)
+where
+    K: futures::Sink<Message> + Unpin,
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let normal = tokio_tungstenite::tungstenite::protocol::CloseFrame {
+        code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
+        reason: "".into(),
+    };
+    let _ = sink.send(Message::Close(Some(normal))).await;
+    let drain = async { while let Some(Ok(_)) = source.next().await {} };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), drain).await;
+    let _ = sink.close().await;
 }
 
 /// The runtime's ID of the named container, if it runs, or upstream's
