@@ -235,3 +235,29 @@ pub async fn watch_import_dir(store: Arc<ImageStore>, dir: PathBuf, shutdown: Ca
         }
     }
 }
+
+/// On a system without CA certificates (no `ca-certificates`: Debian's
+/// minbase, many Yocto images), the file `SSL_CERT_FILE` should name, made
+/// under `root_dir`; `None` when the system has some. The registry client
+/// (oci-client over reqwest) builds a default client inside every
+/// `Client::try_from`, and reqwest panics when its platform verifier finds
+/// no root at all: found in the VM lab, where every pull took the agent
+/// down. The file holds one self-signed certificate whose key was dropped
+/// when it was made, so it signs nothing: registries over plain HTTP or
+/// with a configured CA work, other HTTPS registries fail verification
+/// (an error for the pod, as with containerd on such a system).
+pub fn without_system_roots(root_dir: &Path) -> std::io::Result<Option<PathBuf>> {
+    if !rustls_native_certs::load_native_certs().certs.is_empty() {
+        return Ok(None);
+    }
+    let path = root_dir.join("no-system-roots.pem");
+    if !path.exists() {
+        let pem = rcgen::KeyPair::generate()
+            .and_then(|key| rcgen::CertificateParams::new(Vec::new())?.self_signed(&key))
+            .map_err(std::io::Error::other)?
+            .pem();
+        std::fs::create_dir_all(root_dir)?;
+        crate::fsutil::write_private_atomic(&path, pem.as_bytes(), true)?;
+    }
+    Ok(Some(path))
+}

@@ -45,8 +45,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Images(cmd)) => {
-            install_tls();
+            let roots = install_tls(&flags.root_dir);
             init_logging(&config::Logging::default());
+            roots.log();
             // Outside the agent: upstream's default imagefs.available.
             let result = flags
                 .image_limits(15)
@@ -80,9 +81,48 @@ fn main() -> ExitCode {
     }
 }
 
-/// One TLS provider for every client (the API and registries).
-fn install_tls() {
+/// One TLS provider for every client (the API and registries), and on a
+/// system without CA certificates, a trust file that makes registry clients
+/// buildable (see [`images::without_system_roots`]). Called while the
+/// process has one thread: it may set `SSL_CERT_FILE`.
+fn install_tls(root_dir: &std::path::Path) -> Roots {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let made = images::without_system_roots(root_dir)
+        .or_else(|_| images::without_system_roots(&std::env::temp_dir()));
+    match made {
+        Ok(Some(file)) => {
+            // SAFETY: no other thread exists yet (the async runtime is
+            // built later, on this thread), so nothing reads the
+            // environment while it changes.
+            unsafe { std::env::set_var("SSL_CERT_FILE", &file) };
+            Roots::Missing(file)
+        }
+        Ok(None) => Roots::System,
+        Err(e) => Roots::Failed(e),
+    }
+}
+
+/// What [`install_tls`] found, logged once logging is set up.
+enum Roots {
+    System,
+    Missing(std::path::PathBuf),
+    Failed(std::io::Error),
+}
+
+impl Roots {
+    fn log(&self) {
+        match self {
+            Roots::System => {}
+            Roots::Missing(f) => warn!(
+                trust_file = %f.display(),
+                "this system has no CA certificates (install ca-certificates): registries are trusted only over plain HTTP or with a CA in registries.yaml"
+            ),
+            Roots::Failed(e) => warn!(
+                error = %e,
+                "this system has no CA certificates and no trust file could be made: image pulls will fail"
+            ),
+        }
+    }
 }
 
 /// The exit code of a command, its error printed after `what`.
@@ -111,7 +151,7 @@ fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(f: F) -> anyhow
 /// naming the field on bad input, before any API call), then the kubelet
 /// until SIGTERM; with `remove_pods` (the demo), the pods go with it.
 fn agent(flags: Flags, remove_pods: bool) -> ExitCode {
-    install_tls();
+    let roots = install_tls(&flags.root_dir);
     let mut warnings = Vec::new();
     let hostname = || sysinfo::System::host_name().unwrap_or_else(|_| "localhost".into());
     let settings = match flags.settings(hostname, &mut |w| warnings.push(w)) {
@@ -119,6 +159,7 @@ fn agent(flags: Flags, remove_pods: bool) -> ExitCode {
         Err(e) => return exit("kinglet", Err(e)),
     };
     init_logging(&settings.config.logging);
+    roots.log();
     for w in warnings {
         warn!("{w}");
     }

@@ -20,6 +20,8 @@ use kinglet_runtime_oci::images::{ImageStore, Index};
 struct Cli {
     root: tempfile::TempDir,
     registries: PathBuf,
+    /// Run as on a system without CA certificates (no `ca-certificates`).
+    no_system_cas: bool,
 }
 
 impl Cli {
@@ -27,11 +29,22 @@ impl Cli {
         let root = tempfile::tempdir().unwrap();
         let registries = root.path().join("registries.yaml");
         std::fs::write(&registries, registries_yaml).unwrap();
-        Cli { root, registries }
+        Cli {
+            root,
+            registries,
+            no_system_cas: false,
+        }
     }
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_kinglet"))
-            .arg("--root-dir")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kinglet"));
+        if self.no_system_cas {
+            // Where rustls-native-certs looks: nothing there.
+            let empty = self.root.path().join("no-cas");
+            std::fs::create_dir_all(&empty).unwrap();
+            cmd.env("SSL_CERT_FILE", empty.join("none.pem"))
+                .env("SSL_CERT_DIR", &empty);
+        }
+        cmd.arg("--root-dir")
             .arg(self.root.path().join("state"))
             .arg("--image-registry-config")
             .arg(&self.registries)
@@ -280,6 +293,42 @@ fn pulls_over_https_with_a_test_ca_and_basic_auth() {
     eprintln!("no CA: {err}");
     assert!(err.contains("invalid peer certificate"), "{err}");
     assert!(cli3.index().images.is_empty());
+}
+
+/// A minimal system (Debian's minbase, many Yocto images) has no CA
+/// certificates: found in the VM lab, where every pull panicked the agent
+/// (reqwest's platform verifier refuses to build, oci-client's
+/// `Client::new` panics). Plain HTTP and a registry with a configured CA
+/// must work there; another HTTPS registry fails verification, not the
+/// process.
+#[test]
+fn a_system_without_ca_certificates_pulls_without_panicking() {
+    let plain = Registry::start(false, None);
+    let tls = Registry::start(true, None);
+    let src = tempfile::tempdir().unwrap();
+    let mut layout = Layout::new(src.path());
+    let b = layered_image(&layout, host_arch(), None, Compression::Gzip);
+    layout.tag_image("v1", &b);
+    let over_http = plain.push(src.path(), "v1", "minimal/app");
+    let over_tls = tls.push(src.path(), "v1", "minimal/app");
+
+    let mut cli = Cli::new("");
+    cli.no_system_cas = true;
+    cli.ok(&["pull", &over_http]);
+    assert!(cli.index().images.contains_key(&b.config_digest));
+    let err = cli.fails(&["pull", &over_tls]);
+    eprintln!("no system CAs, none configured: {err}");
+    assert!(err.contains("invalid peer certificate"), "{err}");
+
+    let with_ca = format!(
+        "configs:\n  \"{}\":\n    tls:\n      ca_file: {}\n",
+        tls.host,
+        tls.ca().display()
+    );
+    let mut cli2 = Cli::new(&with_ca);
+    cli2.no_system_cas = true;
+    cli2.ok(&["pull", &over_tls]);
+    assert!(cli2.index().images.contains_key(&b.config_digest));
 }
 
 #[test]

@@ -96,6 +96,35 @@ pub(crate) fn pick_manifest<'a>(platform: &Platform, entries: &'a [IndexEntry]) 
     }))
 }
 
+/// A registry client for `ep`, or why none could be built (`Client::new`
+/// would panic instead). A system without CA certificates is handled at
+/// start (`kinglet::images::without_system_roots`): oci-client builds a
+/// default reqwest client inside every `try_from`, which panics then.
+fn new_client(ep: &Endpoint) -> Result<Client, OciDistributionError> {
+    Client::try_from(ClientConfig {
+        protocol: if ep.plain_http {
+            ClientProtocol::Http
+        } else {
+            ClientProtocol::Https
+        },
+        accept_invalid_certificates: ep.insecure,
+        extra_root_certificates: ep
+            .ca_pem
+            .iter()
+            .map(|pem| Certificate {
+                encoding: CertificateEncoding::Pem,
+                data: pem.clone(),
+            })
+            .collect(),
+        platform_resolver: None,
+        max_concurrent_download: MAX_CONCURRENT_DOWNLOADS,
+        connect_timeout: Some(Duration::from_secs(30)),
+        read_timeout: Some(Duration::from_secs(120)),
+        user_agent: concat!("kinglet/", env!("CARGO_PKG_VERSION")),
+        ..Default::default()
+    })
+}
+
 fn map_err(image: &str, e: OciDistributionError) -> ImageError {
     let image = image.to_string();
     match e {
@@ -191,7 +220,12 @@ impl Puller {
     /// One client per endpoint and credentials: an oci-client `Client`
     /// keeps the first credentials it was given for a registry, so pulls
     /// with other credentials (another pod's pull secret) need their own.
-    fn client(&self, ep: &Endpoint, auth: &RegistryAuth) -> Client {
+    fn client(
+        &self,
+        ep: &Endpoint,
+        auth: &RegistryAuth,
+        image: &str,
+    ) -> Result<Client, ImageError> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let who = match auth {
             RegistryAuth::Anonymous => String::new(),
@@ -203,33 +237,15 @@ impl Puller {
             if ep.plain_http { "http" } else { "https" },
             ep.host
         );
-        clients
-            .entry(key)
-            .or_insert_with(|| {
-                Client::new(ClientConfig {
-                    protocol: if ep.plain_http {
-                        ClientProtocol::Http
-                    } else {
-                        ClientProtocol::Https
-                    },
-                    accept_invalid_certificates: ep.insecure,
-                    extra_root_certificates: ep
-                        .ca_pem
-                        .iter()
-                        .map(|pem| Certificate {
-                            encoding: CertificateEncoding::Pem,
-                            data: pem.clone(),
-                        })
-                        .collect(),
-                    platform_resolver: None,
-                    max_concurrent_download: MAX_CONCURRENT_DOWNLOADS,
-                    connect_timeout: Some(Duration::from_secs(30)),
-                    read_timeout: Some(Duration::from_secs(120)),
-                    user_agent: concat!("kinglet/", env!("CARGO_PKG_VERSION")),
-                    ..Default::default()
-                })
-            })
-            .clone()
+        if let Some(c) = clients.get(&key) {
+            return Ok(c.clone());
+        }
+        let client = new_client(ep).map_err(|e| ImageError::Registry {
+            image: image.to_string(),
+            message: format!("registry client for {}: {e}", ep.host),
+        })?;
+        clients.insert(key, client.clone());
+        Ok(client)
     }
 
     /// Pulls `image` (by tag or digest) and records it. `secrets` are
@@ -317,7 +333,7 @@ impl Puller {
         let mut fetched = None;
         let mut last_err = None;
         for auth in &auths {
-            let client = self.client(ep, auth);
+            let client = self.client(ep, auth, &name)?;
             match client.pull_manifest_raw(&target, auth, ACCEPT).await {
                 Ok(m) => {
                     fetched = Some((m, auth.clone(), client));

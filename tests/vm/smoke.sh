@@ -1,0 +1,65 @@
+# The smoke suite, sourced by tests/vm/run.sh once the node is Ready: a
+# pod with limits on cgroup v2, logs and exec through the apiserver, and a
+# reboot with the control plane unreachable.
+# shellcheck shell=bash
+
+fail() { echo "vm smoke: $*" >&2; exit 1; }
+
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: vm-smoke}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: app
+    image: $REGISTRY/kinglet/busybox:1
+    command: [sh, -c, 'echo started; i=0; while true; do i=\$((i+1)); echo \$i >/tmp/ticks; sleep 2; done']
+    resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 200m, memory: 64Mi}}
+YAML
+kubectl wait --for=condition=Ready pod/vm-smoke --timeout=300s >/dev/null ||
+  { kubectl describe pod vm-smoke >&2; fail "vm-smoke not Ready"; }
+uid=$(kubectl get pod vm-smoke -o jsonpath='{.metadata.uid}')
+
+# The pod's cgroup on the unified hierarchy: in the Burstable tier, the
+# container's limits in cgroup v2's files.
+cg=$(vm_ssh "$VM_KEY" "find /sys/fs/cgroup -type d \( -name '*${uid//-/_}*' -o -name '*$uid*' \) | head -n1")
+[ -n "$cg" ] || fail "no cgroup for pod $uid in the guest"
+echo "vm: pod cgroup $cg"
+case "$cg" in *urstable*) ;; *) fail "pod cgroup $cg is not in the burstable tier" ;; esac
+limits=$(vm_ssh "$VM_KEY" "for d in $cg/*/; do [ -f \$d/memory.max ] && echo \$(cat \$d/memory.max) \$(cat \$d/cpu.max) \$(cat \$d/cpu.weight); done")
+echo "vm: container cgroup memory.max cpu.max cpu.weight: $limits"
+echo "$limits" | grep -q '^67108864 20000 100000 ' || fail "container limits on cgroup v2: got '$limits'"
+
+# Through the apiserver to the guest's kubelet API.
+kubectl logs vm-smoke | grep -qx started || fail "kubectl logs: no 'started'"
+[ "$(kubectl exec vm-smoke -- cat /proc/1/cmdline | tr '\0' ' ')" != "" ] || fail "kubectl exec printed nothing"
+kubectl exec vm-smoke -- sh -c 'test -s /tmp/ticks' || fail "kubectl exec: /tmp/ticks missing"
+echo "vm: kubectl logs and exec through the apiserver work"
+
+# A reboot with the control plane unreachable: kinglet comes back by
+# itself (its unit is enabled) and runs the pod again, offline.
+restarts_before=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
+vm_gate close
+vm_ssh "$VM_KEY" 'systemctl reboot' || true
+# The old sshd goes away before the new one answers.
+for _ in $(seq 1 60); do vm_ssh "$VM_KEY" true 2>/dev/null || break; sleep 1; done
+vm_wait_ssh 600
+vm_wait_guest_pod_running vm-smoke 300
+offline_running=$(vm_uptime)
+echo "figure: vm $VM_ARCH $VM_RUNTIME reboot offline: kinglet active $(vm_since_boot kinglet) s after boot, the pod Running at $offline_running s"
+# Running means its process: the ticks grow.
+t1=$(vm_guest_pod_exec "$uid" cat /tmp/ticks)
+sleep 5
+t2=$(vm_guest_pod_exec "$uid" cat /tmp/ticks)
+[ "${t2:-0}" -gt "${t1:-0}" ] || fail "the pod's ticks did not grow offline ($t1 then $t2)"
+
+vm_gate open
+vm_wait_node_ready 300
+kubectl wait --for=condition=Ready pod/vm-smoke --timeout=300s >/dev/null || fail "vm-smoke not Ready back online"
+r1=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
+sleep 20
+r2=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$r1" = "$r2" ] || fail "the container restarted again once online ($r1 then $r2)"
+echo "vm: back online: restartCount $restarts_before before the reboot, $r1 after, steady"
+kubectl delete pod vm-smoke --wait=true --timeout=120s >/dev/null
