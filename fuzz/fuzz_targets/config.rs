@@ -3,15 +3,7 @@
 //! and its derived values without one.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/config.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Ok(cfg) = kinglet::config::parse(text, "fuzz.yaml", &mut |_| {}) {
-        let _ = cfg.eviction_thresholds();
-        let _ = cfg.eviction_hard_effective();
-        let _ = cfg.pods_cgroup();
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

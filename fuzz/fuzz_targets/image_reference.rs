@@ -2,24 +2,7 @@
 //! (the canonical name of a parsed reference parses to the same reference).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/image_reference.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(name) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Ok(r) = kinglet_runtime_oci::images::parse_reference(name) {
-        let canonical = kinglet_runtime_oci::images::canonical(&r);
-        assert!(
-            !canonical.chars().any(char::is_whitespace),
-            "{name:?} -> {canonical:?}"
-        );
-        let again = kinglet_runtime_oci::images::parse_reference(&canonical)
-            .unwrap_or_else(|e| panic!("{name:?} -> {canonical:?} does not parse: {e}"));
-        assert_eq!(
-            kinglet_runtime_oci::images::canonical(&again),
-            canonical,
-            "from {name:?}"
-        );
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

@@ -4,20 +4,7 @@
 //! asserts it).
 #![no_main]
 
-use std::sync::OnceLock;
+#[path = "../bodies/manifest.rs"]
+mod body;
 
-use libfuzzer_sys::fuzz_target;
-
-fn base() -> &'static std::path::Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("manifests")).unwrap();
-        d
-    })
-    .path()
-}
-
-fuzz_target!(|data: &[u8]| {
-    kinglet::pods::fuzz::check(data, base());
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

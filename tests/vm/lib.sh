@@ -3,7 +3,7 @@
 # Everything stays on this machine: the guest sits on a bridge the lab
 # makes (klvm0, 10.213.0.0/24), the host is .1, the guest .2.
 # shellcheck shell=bash
-VM_CACHE=${KINGLET_VM_CACHE:-/var/cache/kinglet/vm}
+VM_CACHE=${KINGLET_VM_CACHE:-${KINGLET_CACHE_DIR:-/var/cache/kinglet}/vm}
 VM_BRIDGE=${KINGLET_VM_BRIDGE:-klvm0}
 VM_TAP=${KINGLET_VM_TAP:-klvmtap0}
 VM_HOST_IP=10.213.0.1
@@ -210,13 +210,15 @@ vm_uptime() {
   vm_ssh "$VM_KEY" 'cut -d" " -f1 /proc/uptime'
 }
 
-# vm_wait_guest_pod_running NAME SECONDS: until `kinglet pods ls` in the
-# guest (what an operator without the control plane sees) says Running.
+# vm_wait_guest_pod_running NAME UID SECONDS: until `kinglet pods ls` in the
+# guest (what an operator without the control plane sees) says Running and
+# a process of the pod runs.
 vm_wait_guest_pod_running() {
-  local deadline=$(( $(date +%s) + $2 ))
-  until vm_ssh "$VM_KEY" "kinglet pods ls" 2>/dev/null | awk -v p="$1" '$1 == p || $2 == p' | grep -q Running; do
+  local deadline=$(( $(date +%s) + $3 ))
+  until vm_ssh "$VM_KEY" "kinglet pods ls" 2>/dev/null | awk -v p="$1" '$2 == p' | grep -q Running &&
+    vm_guest_pod_exec "$2" true 2>/dev/null; do
     [ "$(date +%s)" -lt "$deadline" ] || {
-      echo "vm: $1 not Running in the guest after $2 s" >&2
+      echo "vm: $1 not Running in the guest after $3 s" >&2
       vm_ssh "$VM_KEY" 'kinglet pods ls; journalctl -b -u kinglet --no-pager | tail -n 60' >&2
       return 1
     }
@@ -225,10 +227,14 @@ vm_wait_guest_pod_running() {
 }
 
 # vm_guest_pod_exec UID CMD...: CMD in the mount namespace of a process of
-# pod UID, found through its cgroup (no apiserver needed).
+# pod UID, found through its cgroup (no apiserver needed): the first of the
+# pod's processes where it succeeds (not every one is a container's).
 vm_guest_pod_exec() {
   local uid=$1; shift
   vm_ssh "$VM_KEY" "d=\$(find /sys/fs/cgroup -type d \( -name '*${uid//-/_}*' -o -name '*$uid*' \) | head -n1)
-    pid=\$(cat \$d/*/cgroup.procs 2>/dev/null | head -n1)
-    [ -n \"\$pid\" ] && nsenter -t \$pid -m -- $*"
+    [ -n \"\$d\" ] || { echo 'no cgroup for pod $uid' >&2; exit 1; }
+    for pid in \$(cat \$d/cgroup.procs \$d/*/cgroup.procs 2>/dev/null); do
+      nsenter -t \$pid -m -- $* 2>/dev/null && exit 0
+    done
+    echo 'no process of pod $uid runs: $*' >&2; exit 1"
 }

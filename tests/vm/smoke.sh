@@ -3,7 +3,12 @@
 # reboot with the control plane unreachable.
 # shellcheck shell=bash
 
-fail() { echo "vm smoke: $*" >&2; exit 1; }
+fail() {
+  echo "vm smoke: $*" >&2
+  # KINGLET_VM_HOLD=1: the guest stays up for a look (ssh with $VM_KEY).
+  [ "${KINGLET_VM_HOLD:-0}" = 1 ] && { echo "vm: holding the guest; kill $$ to end" >&2; sleep 3600; }
+  exit 1
+}
 
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
@@ -45,13 +50,13 @@ vm_ssh "$VM_KEY" 'systemctl reboot' || true
 # The old sshd goes away before the new one answers.
 for _ in $(seq 1 60); do vm_ssh "$VM_KEY" true 2>/dev/null || break; sleep 1; done
 vm_wait_ssh 600
-vm_wait_guest_pod_running vm-smoke 300
+vm_wait_guest_pod_running vm-smoke "$uid" 300
 offline_running=$(vm_uptime)
 echo "figure: vm $VM_ARCH $VM_RUNTIME reboot offline: kinglet active $(vm_since_boot kinglet) s after boot, the pod Running at $offline_running s"
 # Running means its process: the ticks grow.
-t1=$(vm_guest_pod_exec "$uid" cat /tmp/ticks)
+t1=$(vm_guest_pod_exec "$uid" cat /tmp/ticks) || fail "the pod does not run offline"
 sleep 5
-t2=$(vm_guest_pod_exec "$uid" cat /tmp/ticks)
+t2=$(vm_guest_pod_exec "$uid" cat /tmp/ticks) || fail "the pod does not run offline"
 [ "${t2:-0}" -gt "${t1:-0}" ] || fail "the pod's ticks did not grow offline ($t1 then $t2)"
 
 vm_gate open
