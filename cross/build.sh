@@ -14,27 +14,11 @@
 set -euo pipefail
 target=${1:?usage: cross/build.sh TARGET}
 cd "$(dirname "$0")/.."
-NIGHTLY=nightly-2026-05-20
 BUDGET=$((15 * 1000 * 1000))
-
-if ! command -v cargo-zigbuild >/dev/null || ! python3 -m ziglang version >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check ziglang cargo-zigbuild
-fi
-build=(cargo zigbuild --release --locked --target "$target" --bin kinglet)
-if ! rustup target list --installed | grep -qx "$target" && ! rustup target add "$target" 2>/dev/null; then
-  echo "cross/build.sh: no prebuilt standard library for $target; building it from source on $NIGHTLY" >&2
-  rustup toolchain list | grep -q "^$NIGHTLY" ||
-    rustup toolchain install "$NIGHTLY" --profile minimal -c rust-src >&2
-  # The same nightly installed by tests/fuzz.sh first has no rust-src.
-  rustup component list --toolchain "$NIGHTLY" --installed | grep -q '^rust-src' ||
-    rustup component add rust-src --toolchain "$NIGHTLY" >&2
-  build=(cargo "+$NIGHTLY" zigbuild -Zbuild-std=std,panic_abort --release --locked --target "$target" --bin kinglet)
-  # A standard library built from source comes without the musl start
-  # files (crt1.o) and libc.a rustup's rust-std bundles: zig's own musl
-  # provides them.
-  v=CARGO_TARGET_$(echo "$target" | tr 'a-z-' 'A-Z_')_RUSTFLAGS
-  export "$v=${!v:-} -C link-self-contained=no"
-fi
+# shellcheck source=lib.sh
+. cross/lib.sh
+cross_toolchain "$target"
+build=("${CROSS_CARGO[@]}" zigbuild "${CROSS_STD[@]}" --release --locked --target "$target" --bin kinglet)
 export CARGO_TARGET_DIR=${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target}
 mkdir -p "$CARGO_TARGET_DIR"
 out=target/$target/release
@@ -48,7 +32,7 @@ mkdir -p "$out"
 # checkout, or with KINGLET_CROSS_CACHE=0: always built.
 cache_key() {
   local files
-  files=$(git ls-files -co --exclude-standard -- Cargo.toml Cargo.lock src runtimes examples cross/build.sh 2>/dev/null) || return 1
+  files=$(git ls-files -co --exclude-standard -- Cargo.toml Cargo.lock src runtimes examples cross/build.sh cross/lib.sh 2>/dev/null) || return 1
   [ -n "$files" ] || return 1
   {
     echo "$files" | LC_ALL=C sort | xargs -d '\n' sha256sum

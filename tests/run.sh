@@ -3,8 +3,8 @@
 # starts the loopback control plane, runs lint, unit and end-to-end tests,
 # a fast subset of upstream's node conformance specs, the cluster add-ons
 # (kube-proxy, CoreDNS, metrics-server) on a kinglet node,
-# cross-builds the static binaries for x86_64, aarch64 and armv7 and runs
-# the foreign ones under qemu, checks the Yocto layer, replays the fuzz
+# builds the static x86_64 binary and type-checks the aarch64 and armv7
+# ones, checks the Yocto layer, replays the fuzz
 # corpus (tests/fuzz_corpus.rs; finding new inputs is tests/fuzz.sh, a
 # separate command), runs the VM lab's smoke suite (a Debian 12 guest on
 # cgroup v2 under qemu, kinglet from its .deb, a reboot offline), and
@@ -35,14 +35,17 @@ phase "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-phase "cross: the three static targets (15 MB budget each), the foreign ones under qemu"
-# x86_64 first: the demo, package and bundle tests run it.
-mkdir -p target && : >target/cross.log
-for t in x86_64-unknown-linux-musl aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf; do
-  cross/build.sh "$t" | tee -a target/cross.log
+phase "cross: the static x86_64 binary (15 MB budget); aarch64 and armv7 type-checked"
+# The ARM static builds (two more fat-LTO links, armv7's standard library
+# built from source: about 10 minutes on a cold machine) and their runs on
+# ARM guests are the VM lab's (tests/vm/run.sh --arch arm64|armhf); CI
+# checks that the code compiles for both (the c_char and 32-bit width
+# mistakes an x86_64 build does not see), lints included.
+mkdir -p target
+cross/build.sh x86_64-unknown-linux-musl | tee target/cross.log
+for t in aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf; do
+  cross/check.sh "$t"
 done
-tests/cross-smoke.sh qemu-aarch64-static target/aarch64-unknown-linux-musl/release/kinglet
-tests/cross-smoke.sh qemu-arm-static target/armv7-unknown-linux-musleabihf/release/kinglet
 phase "the Yocto layer (packaging/yocto/check.py: no bitbake here)"
 packaging/yocto/prepare.sh
 python3 packaging/yocto/check.py
