@@ -572,6 +572,8 @@ fn plain_candidate(uid: String, e: &crate::pods::PodEntry, usage: u64) -> rank::
 /// docs); a source that breaks is dropped, not retried.
 struct Wakers {
     psi: Option<notify::Source>,
+    /// The pods' cgroup's own PSI trigger (cgroup v2).
+    pods_psi: Option<notify::Source>,
     events: Option<notify::Source>,
     /// memcg thresholds armed, with their cgroup and level.
     armed: Vec<(PathBuf, u64, notify::Source)>,
@@ -587,8 +589,14 @@ impl Wakers {
             .pods
             .as_ref()
             .and_then(|cg| notify::memory_events(cg).ok());
+        let pods_psi = s.pods.as_ref().and_then(|cg| {
+            notify::cgroup_psi(cg)
+                .map_err(|e| debug!(error = %e, "no PSI trigger on the pods' cgroup"))
+                .ok()
+        });
         Wakers {
             psi,
+            pods_psi,
             events,
             armed: Vec::new(),
             announced: false,
@@ -621,7 +629,10 @@ impl Wakers {
     }
 
     fn any(&self) -> bool {
-        !self.armed.is_empty() || self.psi.is_some() || self.events.is_some()
+        !self.armed.is_empty()
+            || self.psi.is_some()
+            || self.pods_psi.is_some()
+            || self.events.is_some()
     }
 
     fn announce_once(&mut self) {
@@ -631,6 +642,7 @@ impl Wakers {
         info!(
             memcg_thresholds = self.armed.len(),
             psi = self.psi.is_some(),
+            pods_psi = self.pods_psi.is_some(),
             memory_events = self.events.is_some(),
             "eviction manager: memory pressure is watched by these events{}",
             if self.any() {
@@ -661,6 +673,7 @@ impl Wakers {
             _ = tokio::time::sleep(timeout) => ("sync", None),
             (r, i) = thresholds => ("memcg threshold", r.is_err().then_some(Some(i))),
             r = next(&mut self.psi) => ("PSI", r.is_err().then_some(None)),
+            r = next(&mut self.pods_psi) => ("pods' PSI", r.is_err().then_some(None)),
             r = next(&mut self.events) => ("memory.events", r.is_err().then_some(None)),
         };
         match (by, broken) {
@@ -668,6 +681,7 @@ impl Wakers {
                 self.armed.remove(i);
             }
             ("PSI", Some(_)) => self.psi = None,
+            ("pods' PSI", Some(_)) => self.pods_psi = None,
             ("memory.events", Some(_)) => self.events = None,
             _ => {}
         }

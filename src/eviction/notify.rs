@@ -10,7 +10,10 @@
 //!   within a 1 s window (100 ms in 2 s without `CAP_SYS_RESOURCE`),
 //!   signalled with `POLLPRI`: the node is reclaiming, measure now;
 //! - on cgroup v2, `memory.events` of the pods' cgroup, watched with
-//!   inotify: `high`/`max` events as the pods reach their limit.
+//!   inotify: `high`/`max` events as the pods reach their limit;
+//! - on cgroup v2, the same PSI trigger on the pods' cgroup's own
+//!   `memory.pressure`: the pods stall on their allocatable limit while the
+//!   node as a whole may not (proven armed in the VM lab's cgroup v2 guest).
 //!
 //! A host with none of these falls back to a 1 s poll (said at start).
 
@@ -100,6 +103,16 @@ pub fn psi(file: &Path) -> std::io::Result<Source> {
     Ok(Source::Psi(unsafe {
         AsyncFd::register_with_interest(fd, Interest::PRIORITY)
     }?))
+}
+
+/// Arms a PSI trigger on a v2 cgroup's own `memory.pressure`.
+pub fn cgroup_psi(cg: &MemCgroup) -> std::io::Result<Source> {
+    if cg.hierarchy != Hierarchy::V2 {
+        return Err(std::io::Error::other(
+            "a cgroup's memory.pressure is cgroup v2's",
+        ));
+    }
+    psi(&cg.dir.join("memory.pressure"))
 }
 
 /// Watches a v2 cgroup's `memory.events`.

@@ -34,6 +34,8 @@ pub struct Sampler {
     pub root_dir: PathBuf,
     pub image_dir: PathBuf,
     pub proc_dir: PathBuf,
+    /// Where the unified hierarchy is mounted (pods' and containers' PSI).
+    pub cgroup_root: PathBuf,
     pub started: jiff::Timestamp,
     last: Mutex<HashMap<String, (Instant, u64)>>,
 }
@@ -51,7 +53,13 @@ pub struct ContainerSample {
     pub working_set: u64,
     /// The writable layer's bytes.
     pub rootfs: u64,
+    /// Its cgroup's pressure stall information (cgroup v2).
+    pub psi: Psi,
 }
+
+/// Pressure stall information by resource (`cpu`, `memory`, `io`), as
+/// upstream's `PSIStats`.
+pub type Psi = std::collections::BTreeMap<&'static str, serde_json::Value>;
 
 /// One pod's cgroup readings.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,6 +74,8 @@ pub struct PodSample {
     pub volumes: Vec<(String, u64, u64)>,
     /// Its network's interfaces, when it has a network of its own.
     pub network: Vec<Interface>,
+    /// Its cgroup's pressure stall information (cgroup v2).
+    pub psi: Psi,
 }
 
 /// One network interface's counters.
@@ -91,6 +101,28 @@ pub fn parse_net_dev(text: &str) -> Vec<Interface> {
             })
         })
         .collect()
+}
+
+/// Containers' PSI by (pod UID, container name).
+type ContainerPsi = HashMap<(String, String), Psi>;
+
+/// The PSI files `path` names for each resource, parsed; a resource whose
+/// file is missing (cgroup v1, a kernel without PSI) is left out.
+fn read_psi(path: impl Fn(&str) -> PathBuf) -> Psi {
+    ["cpu", "memory", "io"]
+        .into_iter()
+        .filter_map(|r| Some((r, parse_psi(&std::fs::read_to_string(path(r)).ok()?)?)))
+        .collect()
+}
+
+/// A process's cgroup on the unified hierarchy, relative to its mount
+/// (the `0::` line of `/proc/<pid>/cgroup`).
+fn cgroup_of(proc_dir: &std::path::Path, pid: i32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(proc_dir.join(pid.to_string()).join("cgroup")).ok()?;
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let rel = path.trim().trim_start_matches('/');
+    // "/" alone is the root, never a container's.
+    (!rel.is_empty() && !rel.split('/').any(|c| c == "..")).then(|| PathBuf::from(rel))
 }
 
 /// Pressure stall information of one resource (`/proc/pressure/<r>`), as
@@ -125,7 +157,7 @@ pub struct NodeSample {
     pub fs: Option<crate::node::host::FsStats>,
     pub image_fs: Option<crate::node::host::FsStats>,
     /// `cpu`, `memory`, `io` pressure, where the kernel has PSI.
-    pub psi: std::collections::BTreeMap<&'static str, serde_json::Value>,
+    pub psi: Psi,
 }
 
 /// One scrape.
@@ -171,6 +203,7 @@ impl Sampler {
             root_dir,
             image_dir,
             proc_dir: PathBuf::from("/proc"),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             started: jiff::Timestamp::now(),
             last: Mutex::new(HashMap::new()),
         }
@@ -189,14 +222,7 @@ impl Sampler {
             working_set: usage.saturating_sub(mem.inactive_file),
             fs: crate::node::host::fs_stats(&self.root_dir).ok(),
             image_fs: crate::node::host::fs_stats(&self.image_dir).ok(),
-            psi: ["cpu", "memory", "io"]
-                .into_iter()
-                .filter_map(|r| {
-                    let text =
-                        std::fs::read_to_string(self.proc_dir.join("pressure").join(r)).ok()?;
-                    Some((r, parse_psi(&text)?))
-                })
-                .collect(),
+            psi: read_psi(|r| self.proc_dir.join("pressure").join(r)),
         }
     }
 
@@ -249,6 +275,7 @@ impl Sampler {
                 cpu_nanos: u.cpu_usage_core_nanos,
                 working_set: u.memory_working_set_bytes,
                 rootfs: u.writable_layer_bytes,
+                psi: Psi::new(),
             });
         }
         let samples: Vec<PodSample> = sandboxes
@@ -265,10 +292,16 @@ impl Sampler {
                     volumes: Vec::new(),
                     // What the runtime tells (CRI); in-process, read below.
                     network: s.network.clone(),
+                    psi: Psi::new(),
                 })
             })
             .collect();
-        let pods = self.pods_on_disk_and_net(samples, &pods, &listed).await;
+        let (pods, psi) = self.pods_on_disk_and_net(samples, &pods, &listed).await;
+        for c in &mut containers {
+            if let Some(p) = psi.get(&(c.pod_uid.clone(), c.name.clone())) {
+                c.psi = p.clone();
+            }
+        }
         Snapshot {
             at: jiff::Timestamp::now(),
             node: self.node(),
@@ -278,15 +311,24 @@ impl Sampler {
         }
     }
 
-    /// Fills each pod's volumes and network: disk walks and `/proc` reads,
-    /// off the async thread.
+    /// Fills each pod's volumes, network and PSI, and returns the running
+    /// containers' PSI by (pod UID, name): disk walks, `/proc` and cgroup
+    /// reads, off the async thread. A container's cgroup is found from its
+    /// process (`/proc/<pid>/cgroup`), the same for both runtimes; its
+    /// pod's is the parent (upstream's layout: `.../pod<uid>/<container>`).
     async fn pods_on_disk_and_net(
         &self,
         mut samples: Vec<PodSample>,
         pods: &[(String, crate::pods::PodEntry)],
         listed: &[kinglet_runtime::ContainerStatus],
-    ) -> Vec<PodSample> {
+    ) -> (Vec<PodSample>, ContainerPsi) {
         let (volume_root, proc_dir) = (self.root_dir.join("volumes"), self.proc_dir.clone());
+        let cgroup_root = self.cgroup_root.clone();
+        let running: Vec<(String, String, i32)> = listed
+            .iter()
+            .filter(|c| c.state == ContainerState::Running && c.pid > 0)
+            .map(|c| (c.pod_uid.clone(), c.name.clone(), c.pid))
+            .collect();
         let specs: HashMap<String, Arc<k8s_openapi::api::core::v1::Pod>> = pods
             .iter()
             .map(|(u, e)| (u.clone(), e.pod.clone()))
@@ -297,7 +339,24 @@ impl Sampler {
             .map(|c| (c.pod_uid.clone(), c.pid))
             .collect();
         tokio::task::spawn_blocking(move || {
+            let mut containers = ContainerPsi::new();
+            let mut pod_dirs = HashMap::new();
+            for (uid, name, pid) in running {
+                let Some(dir) = cgroup_of(&proc_dir, pid).map(|p| cgroup_root.join(p)) else {
+                    continue;
+                };
+                containers.insert(
+                    (uid.clone(), name),
+                    read_psi(|r| dir.join(format!("{r}.pressure"))),
+                );
+                if let Some(parent) = dir.parent() {
+                    pod_dirs.insert(uid, parent.to_path_buf());
+                }
+            }
             for p in &mut samples {
+                if let Some(dir) = pod_dirs.get(&p.uid) {
+                    p.psi = read_psi(|r| dir.join(format!("{r}.pressure")));
+                }
                 let Some(spec) = specs.get(&p.uid) else {
                     continue;
                 };
@@ -317,7 +376,7 @@ impl Sampler {
                     }
                 }
             }
-            samples
+            (samples, containers)
         })
         .await
         .unwrap_or_default()
@@ -373,14 +432,7 @@ impl Sampler {
             "fs": fs(&n.fs),
             "runtime": {"imageFs": fs(&n.image_fs)},
         });
-        // Upstream's PSI fields (KubeletPSI): cpu.psi, memory.psi, io.psi.
-        for (r, psi) in &n.psi {
-            if *r == "io" {
-                node["io"] = serde_json::json!({"time": time, "psi": psi});
-            } else {
-                node[*r]["psi"] = psi.clone();
-            }
-        }
+        add_psi(&mut node, &n.psi, &time);
         let image_fs = n.image_fs.as_ref();
         let pods: Vec<serde_json::Value> = s
             .pods
@@ -394,7 +446,7 @@ impl Sampler {
                         let started = jiff::Timestamp::from_second(c.started_at as i64)
                             .map(|t| t.to_string())
                             .unwrap_or_default();
-                        serde_json::json!({
+                        let mut v = serde_json::json!({
                             "name": c.name,
                             "startTime": started,
                             "cpu": cpu(&format!("{}/{}", p.uid, c.name), c.cpu_nanos),
@@ -405,7 +457,9 @@ impl Sampler {
                                 "capacityBytes": image_fs.map(|f| f.capacity_bytes),
                                 "availableBytes": image_fs.map(|f| f.available_bytes),
                             },
-                        })
+                        });
+                        add_psi(&mut v, &c.psi, &time);
+                        v
                     })
                     .collect();
                 let fs = n.fs.as_ref();
@@ -430,6 +484,7 @@ impl Sampler {
                     "memory": mem(p.working_set, p.working_set, None),
                     "volume": volume,
                 });
+                add_psi(&mut pod, &p.psi, &time);
                 if let Some(first) = p
                     .network
                     .iter()
@@ -451,6 +506,18 @@ impl Sampler {
             })
             .collect();
         serde_json::json!({"node": node, "pods": pods})
+    }
+}
+
+/// Upstream's PSI fields (KubeletPSI, GA in 1.36) on a node, pod or
+/// container: `cpu.psi`, `memory.psi`, `io.psi`.
+fn add_psi(v: &mut serde_json::Value, psi: &Psi, time: &str) {
+    for (r, p) in psi {
+        if *r == "io" {
+            v["io"] = serde_json::json!({"time": time, "psi": p});
+        } else {
+            v[*r]["psi"] = p.clone();
+        }
     }
 }
 
@@ -626,6 +693,7 @@ mod tests {
                 working_set: 77,
                 volumes: Vec::new(),
                 network: Vec::new(),
+                psi: Psi::new(),
             }],
             containers: vec![ContainerSample {
                 namespace: "ns".into(),
@@ -636,6 +704,7 @@ mod tests {
                 cpu_nanos: 500_000_000,
                 working_set: 42,
                 rootfs: 0,
+                psi: Psi::new(),
             }],
             error: false,
         };
@@ -651,5 +720,45 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn container_and_pod_psi_come_from_the_process_cgroup() {
+        let d = tempfile::tempdir().unwrap();
+        let (proc, cg) = (d.path().join("proc"), d.path().join("cgroup"));
+        std::fs::create_dir_all(proc.join("7")).unwrap();
+        std::fs::write(proc.join("7/cgroup"), "0::/kubepods/burstable/podu/c1\n").unwrap();
+        std::fs::create_dir_all(proc.join("8")).unwrap();
+        std::fs::write(proc.join("8/cgroup"), "0::/\n").unwrap();
+        std::fs::create_dir_all(proc.join("9")).unwrap();
+        std::fs::write(proc.join("9/cgroup"), "0::/../../etc\n").unwrap();
+        let dir = cg.join("kubepods/burstable/podu/c1");
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = "some avg10=0.50 avg60=0.00 avg300=0.00 total=9\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=3\n";
+        std::fs::write(dir.join("memory.pressure"), text).unwrap();
+        std::fs::write(dir.join("io.pressure"), text).unwrap();
+        std::fs::write(dir.parent().unwrap().join("cpu.pressure"), text).unwrap();
+
+        let rel = cgroup_of(&proc, 7).unwrap();
+        assert_eq!(rel, PathBuf::from("kubepods/burstable/podu/c1"));
+        assert_eq!(cgroup_of(&proc, 8), None, "the root is no container's");
+        assert_eq!(cgroup_of(&proc, 9), None, "a path out of the mount");
+        assert_eq!(cgroup_of(&proc, 10), None);
+        let c = read_psi(|r| cg.join(&rel).join(format!("{r}.pressure")));
+        assert_eq!(c.keys().copied().collect::<Vec<_>>(), ["io", "memory"]);
+        let p = read_psi(|r| {
+            cg.join(&rel)
+                .parent()
+                .unwrap()
+                .join(format!("{r}.pressure"))
+        });
+        assert_eq!(p.keys().copied().collect::<Vec<_>>(), ["cpu"]);
+
+        let mut v = serde_json::json!({"memory": {"usageBytes": 1}});
+        add_psi(&mut v, &c, "t");
+        assert_eq!(v["memory"]["psi"]["some"]["total"], 9);
+        assert_eq!(v["memory"]["usageBytes"], 1);
+        assert_eq!(v["io"]["psi"]["full"]["total"], 3);
+        assert_eq!(v["io"]["time"], "t");
     }
 }

@@ -68,6 +68,12 @@ vm_push_busybox "$image_dir"
 # The project's own .deb for this arch, from the static binary.
 bin=${KINGLET_BIN:-target/$VM_RUST_TARGET/release/kinglet}
 [ -x "$bin" ] || cross/build.sh "$VM_RUST_TARGET" >&2
+# A foreign binary runs under qemu-user first (cheap, and what it cannot
+# do, unpack layers without openat2, the guest's kernel does below).
+case "$arch" in
+  arm64) tests/cross-smoke.sh qemu-aarch64-static "$bin" >&2 ;;
+  armhf) tests/cross-smoke.sh qemu-arm-static "$bin" >&2 ;;
+esac
 deb=$(KINGLET_BIN=$bin packaging/deb/build.sh "$arch" | sed -n 's/: [0-9]* bytes$//p')
 cp "$deb" "$work/kinglet.deb"
 

@@ -42,6 +42,24 @@ kubectl logs vm-smoke | grep -qx started || fail "kubectl logs: no 'started'"
 kubectl exec vm-smoke -- sh -c 'test -s /tmp/ticks' || fail "kubectl exec: /tmp/ticks missing"
 echo "vm: kubectl logs and exec through the apiserver work"
 
+# The eviction manager's cgroup v2 events: memory.events and the pods'
+# own PSI trigger armed (with the node's PSI).
+armed=$(vm_ssh "$VM_KEY" "journalctl -u kinglet --no-pager | grep 'memory pressure is watched' | tail -n1")
+echo "$armed" | grep -q 'psi=true pods_psi=true memory_events=true' || fail "eviction events on cgroup v2: $armed"
+# Pod and container PSI in the summary API, through the apiserver.
+summary=$(kubectl get --raw /api/v1/nodes/kinglet-vm/proxy/stats/summary)
+echo "$summary" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+p = next(p for p in s["pods"] if p["podRef"]["name"] == "vm-smoke")
+c = p["containers"][0]
+for what, v in (("node", s["node"]), ("pod", p), ("container", c)):
+    for r in ("cpu", "memory"):
+        assert "some" in v[r].get("psi", {}), (what, r, v[r])
+    assert "full" in v["io"]["psi"], (what, v.get("io"))
+print("vm: PSI of the node, the pod and its container in /stats/summary: memory some total", c["memory"]["psi"]["some"]["total"])
+' || fail "PSI missing from /stats/summary"
+
 # A reboot with the control plane unreachable: kinglet comes back by
 # itself (its unit is enabled) and runs the pod again, offline.
 restarts_before=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
