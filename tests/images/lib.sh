@@ -3,12 +3,14 @@
 # The caller sets $work (a scratch dir) and $reg (the registry).
 # shellcheck shell=bash
 
-# A busybox rootfs in $1 (plus /etc/passwd and group with the users given).
+# A busybox rootfs in $1 (plus /etc/passwd and group with the users given),
+# from the busybox binary $2 (default: this machine's, /bin/busybox; the VM
+# lab gives a foreign arch's from its guest).
 rootfs() {
   local r=$1
   mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/usr/local/bin"
   chmod 1777 "$r/tmp"
-  cp /bin/busybox "$r/bin/busybox"
+  cp "${2:-/bin/busybox}" "$r/bin/busybox"
   for app in $(/bin/busybox --list); do
     [ "$app" = busybox ] || ln -sf busybox "$r/bin/$app"
   done

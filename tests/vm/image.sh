@@ -18,13 +18,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 arch=${1:?usage: image.sh amd64|arm64|armhf}
 vm_arch_settings "$arch"
-key=$( (cat "$here/image.sh"; declare -f vm_arch_settings) | sha256sum | cut -c1-16)
+key=$( (cat "$here/image.sh"; echo "$arch $VM_KERNEL_PKG") | sha256sum | cut -c1-16)
 dir=$VM_CACHE/$arch-bookworm-$key
 if [ -s "$dir/root.raw" ] && [ -s "$dir/vmlinuz" ]; then
   echo "$dir"
   exit 0
 fi
-"$here/../apt-need.sh" mmdebstrap qemu-utils e2fsprogs openssh-client qemu-user-static
+"$here/../apt-need.sh" mmdebstrap arch-test qemu-utils e2fsprogs openssh-client qemu-user-static
 [ "$arch" = amd64 ] || vm_binfmt "$arch"
 mkdir -p "$VM_CACHE"
 work=$(mktemp -d "$VM_CACHE/.build-$arch.XXXXXX")

@@ -14,14 +14,14 @@ vm_arch_settings() {
   case "$1" in
     amd64)
       VM_KERNEL_PKG=linux-image-amd64 VM_QEMU=qemu-system-x86_64 VM_CONSOLE=ttyS0
-      VM_MACHINE=(-M q35 -cpu max) VM_RUST_TARGET=x86_64-unknown-linux-musl ;;
+      VM_MACHINE=(-M q35 -cpu max) VM_RUST_TARGET=x86_64-unknown-linux-musl VM_OCI_ARCH=amd64 ;;
     arm64)
       VM_KERNEL_PKG=linux-image-arm64 VM_QEMU=qemu-system-aarch64 VM_CONSOLE=ttyAMA0
-      VM_MACHINE=(-M virt -cpu cortex-a53) VM_RUST_TARGET=aarch64-unknown-linux-musl ;;
+      VM_MACHINE=(-M virt -cpu cortex-a53) VM_RUST_TARGET=aarch64-unknown-linux-musl VM_OCI_ARCH=arm64 ;;
     armhf)
       # armmp (no LPAE): the virt board's PCI window must stay below 4 GB.
       VM_KERNEL_PKG=linux-image-armmp VM_QEMU=qemu-system-arm VM_CONSOLE=ttyAMA0
-      VM_MACHINE=(-M virt,highmem=off -cpu cortex-a15) VM_RUST_TARGET=armv7-unknown-linux-musleabihf ;;
+      VM_MACHINE=(-M virt,highmem=off -cpu cortex-a15) VM_RUST_TARGET=armv7-unknown-linux-musleabihf VM_OCI_ARCH=arm ;;
     *) echo "vm: unknown arch $1 (amd64, arm64, armhf)" >&2; return 1 ;;
   esac
 }
@@ -34,11 +34,9 @@ vm_binfmt() {
   [ -e /proc/sys/fs/binfmt_misc/register ] ||
     mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
   [ -e "/proc/sys/fs/binfmt_misc/$q" ] && return 0
-  # Debian's systemd-binfmt line, with F (the interpreter opened now, so it
-  # works inside the chroot too).
-  local line
-  line=$(sed -n '/^:/p' "/usr/lib/binfmt.d/$q.conf")
-  echo "${line%:*}:F" >/proc/sys/fs/binfmt_misc/register
+  # Debian's systemd-binfmt line as it is (flags OPF: F opens the
+  # interpreter now, so it works inside the chroot too; its wrapper needs P).
+  sed -n '/^:/p' "/usr/lib/binfmt.d/$q.conf" >/proc/sys/fs/binfmt_misc/register
 }
 
 # vm_net_up: the lab bridge with the host's address and a tap on it.
@@ -134,24 +132,18 @@ vm_registry_up() {
 # vm_push_busybox IMAGE_DIR: $REGISTRY/kinglet/busybox:1 for the guest's
 # arch, from the busybox-static of the guest's own root (the right arch).
 vm_push_busybox() {
-  local b=$VM_WORK/busybox l=$VM_WORK/layout r
+  local b=$VM_WORK/busybox l=$VM_WORK/layout
   mkdir -p "$b"
   debugfs -R "dump /bin/busybox $b/busybox" "$1/root.raw" >/dev/null 2>&1
   chmod 755 "$b/busybox"
   umoci init --layout "$l"
   umoci new --image "$l:img"
   umoci unpack --image "$l:img" "$b/bundle" >/dev/null
-  r=$b/bundle/rootfs
-  mkdir -p "$r/bin" "$r/etc" "$r/tmp"
-  chmod 1777 "$r/tmp"
-  cp "$b/busybox" "$r/bin/busybox"
-  for app in $(/bin/busybox --list); do
-    [ "$app" = busybox ] || ln -sf busybox "$r/bin/$app"
-  done
-  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$r/etc/passwd"
-  printf 'root:x:0:\nnogroup:x:65534:\n' >"$r/etc/group"
+  # shellcheck source=../images/lib.sh
+  . "$VM_ROOT/tests/images/lib.sh"
+  rootfs "$b/bundle/rootfs" "$b/busybox"
   umoci repack --image "$l:img" "$b/bundle" >/dev/null
-  umoci config --image "$l:img" --architecture "$VM_ARCH" --os linux \
+  umoci config --image "$l:img" --architecture "$VM_OCI_ARCH" --os linux \
     --config.env PATH=/bin --config.cmd /bin/sh
   skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$l:img" \
     "docker://$REGISTRY/kinglet/busybox:1"
