@@ -236,6 +236,13 @@ echo "figure: vm $VM_ARCH $VM_RUNTIME reboot online: kinglet active $(vm_since_b
 # pod filling a memory-backed emptyDir, 8 MiB a second, is evicted before
 # the kernel's OOM killer acts; kinglet, its container monitor and the
 # quiet pods live on.
+# First every pod back after the online reboot, and its status settled.
+UIDS=$(vm_pod_uids)
+vm_wait_all_running "$PODS" 600
+for p in $(kubectl get pods -o jsonpath='{.items[*].metadata.name}'); do
+  kubectl wait --for=condition=Ready "pod/$p" --timeout=300s >/dev/null || fail "$p not Ready after the online reboot"
+done
+sleep 15
 agent_pid=$(vm_ssh "$VM_KEY" 'systemctl show -p MainPID --value kinglet')
 monitor_pid=$(vm_ssh "$VM_KEY" 'pgrep -f "kinglet monitor" | head -n1')
 quiet_restarts=$(kubectl get pod vm-configmap -o jsonpath='{.status.containerStatuses[0].restartCount}')
@@ -262,8 +269,8 @@ ooms=$(vm_ssh "$VM_KEY" 'journalctl -k -b --no-pager | grep -c "Out of memory: K
 [ "${ooms:-0}" = 0 ] || fail "the kernel OOM killer acted $ooms times before or beside the eviction"
 [ "$(vm_ssh "$VM_KEY" 'systemctl show -p MainPID --value kinglet')" = "$agent_pid" ] || fail "kinglet restarted under memory pressure"
 vm_ssh "$VM_KEY" "kill -0 $monitor_pid" || fail "the container monitor died under memory pressure"
-[ "$(kubectl get pod vm-configmap -o jsonpath='{.status.containerStatuses[0].restartCount}')" = "$quiet_restarts" ] ||
-  fail "a quiet pod restarted under memory pressure"
+now=$(kubectl get pod vm-configmap -o jsonpath='{.status.containerStatuses[0].restartCount}')
+[ "$now" = "$quiet_restarts" ] || fail "a quiet pod restarted under memory pressure ($quiet_restarts, then $now)"
 echo "vm: memory pressure on the guest's own 512 MB: the hog evicted, no OOM kill, kinglet, its monitor and the quiet pods untouched"
 kubectl delete pod vm-hog --wait=true --timeout=120s >/dev/null
 
