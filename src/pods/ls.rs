@@ -27,6 +27,28 @@ fn booted_at() -> Option<SystemTime> {
 
 /// [`table`], with records written before `boot` shown as of an earlier boot.
 fn table_since(dir: &Path, boot: Option<SystemTime>) -> String {
+    let mut rows = vec![[
+        "NAMESPACE".to_string(),
+        "NAME".into(),
+        "READY".into(),
+        "STATUS".into(),
+        "RESTARTS".into(),
+        "AGE".into(),
+    ]];
+    rows.extend(records(dir, boot).into_iter().map(|(r, old)| row(r, old)));
+    let link = crate::health::ApiLink::new(dir.join("offline-since"));
+    let offline = link.offline_since().map_or(String::new(), |since| {
+        format!(
+            "offline since {}: the API server is unreachable; pods run from the local store\n",
+            crate::health::ApiLink::format(since)
+        )
+    });
+    offline + &crate::table::render(&rows)
+}
+
+/// The pod records under `dir` by namespace and name, each with whether it
+/// was written before `boot`.
+fn records(dir: &Path, boot: Option<SystemTime>) -> Vec<(PodRecord, bool)> {
     let mut recs: Vec<(PodRecord, bool)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -42,79 +64,72 @@ fn table_since(dir: &Path, boot: Option<SystemTime>) -> String {
         })
         .collect();
     recs.sort_by(|(a, _), (b, _)| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-    let mut rows = vec![[
-        "NAMESPACE".to_string(),
-        "NAME".into(),
-        "READY".into(),
-        "STATUS".into(),
-        "RESTARTS".into(),
-        "AGE".into(),
-    ]];
-    for (r, before_boot) in recs {
-        let cs = r.status.container_statuses.clone().unwrap_or_default();
-        let terminal = matches!(r.status.phase.as_deref(), Some("Succeeded" | "Failed"));
-        let unknown = before_boot && !terminal;
-        let ready = if unknown {
-            0
-        } else {
-            cs.iter().filter(|c| c.ready).count()
-        };
-        let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
-        // kubectl shows a waiting or terminated reason instead of the phase.
-        let reason = cs
-            .iter()
-            .find_map(|c| {
-                let st = c.state.as_ref()?;
-                st.waiting
-                    .as_ref()
-                    .and_then(|w| w.reason.clone())
-                    .or_else(|| {
-                        st.terminated
-                            .as_ref()
-                            .and_then(|t| t.reason.clone())
-                            .filter(|_| r.status.phase.as_deref() != Some("Succeeded"))
-                    })
-            })
-            .unwrap_or_else(|| r.status.phase.clone().unwrap_or_default());
-        let status = if r.status.phase.as_deref() == Some("Succeeded") {
-            "Completed".to_string()
-        } else if unknown {
-            "Unknown".to_string()
-        } else {
-            reason
-        };
-        let age = r
-            .status
-            .start_time
-            .as_ref()
-            .map(|t| {
-                let s = jiff::Timestamp::now().duration_since(t.0).as_secs().max(0);
-                if s < 120 {
-                    format!("{s}s")
-                } else if s < 7200 {
-                    format!("{}m", s / 60)
-                } else {
-                    format!("{}h", s / 3600)
-                }
-            })
-            .unwrap_or_default();
-        rows.push([
-            r.namespace,
-            r.name,
-            format!("{ready}/{}", cs.len()),
-            status,
-            restarts.to_string(),
-            age,
-        ]);
+    recs
+}
+
+/// One pod's row; `before_boot`: its record is of an earlier boot.
+fn row(r: PodRecord, before_boot: bool) -> [String; 6] {
+    let cs = r.status.container_statuses.clone().unwrap_or_default();
+    let terminal = matches!(r.status.phase.as_deref(), Some("Succeeded" | "Failed"));
+    let unknown = before_boot && !terminal;
+    let ready = if unknown {
+        0
+    } else {
+        cs.iter().filter(|c| c.ready).count()
+    };
+    let restarts: i32 = cs.iter().map(|c| c.restart_count).sum();
+    // kubectl shows a waiting or terminated reason instead of the phase.
+    let reason = cs
+        .iter()
+        .find_map(|c| {
+            let st = c.state.as_ref()?;
+            st.waiting
+                .as_ref()
+                .and_then(|w| w.reason.clone())
+                .or_else(|| {
+                    st.terminated
+                        .as_ref()
+                        .and_then(|t| t.reason.clone())
+                        .filter(|_| r.status.phase.as_deref() != Some("Succeeded"))
+                })
+        })
+        .unwrap_or_else(|| r.status.phase.clone().unwrap_or_default());
+    let status = if r.status.phase.as_deref() == Some("Succeeded") {
+        "Completed".to_string()
+    } else if unknown {
+        "Unknown".to_string()
+    } else {
+        reason
+    };
+    let age = r
+        .status
+        .start_time
+        .as_ref()
+        .map(|t| age(t.0))
+        .unwrap_or_default();
+    [
+        r.namespace,
+        r.name,
+        format!("{ready}/{}", cs.len()),
+        status,
+        restarts.to_string(),
+        age,
+    ]
+}
+
+/// `kubectl get pods`' AGE column.
+fn age(since: jiff::Timestamp) -> String {
+    let s = jiff::Timestamp::now()
+        .duration_since(since)
+        .as_secs()
+        .max(0);
+    if s < 120 {
+        format!("{s}s")
+    } else if s < 7200 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{}h", s / 3600)
     }
-    let link = crate::health::ApiLink::new(dir.join("offline-since"));
-    let offline = link.offline_since().map_or(String::new(), |since| {
-        format!(
-            "offline since {}: the API server is unreachable; pods run from the local store\n",
-            crate::health::ApiLink::format(since)
-        )
-    });
-    offline + &crate::table::render(&rows)
 }
 
 #[cfg(test)]
