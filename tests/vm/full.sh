@@ -6,12 +6,6 @@
 # "The VM lab".)
 # shellcheck shell=bash
 
-fail() {
-  echo "vm full: $*" >&2
-  [ "${KINGLET_VM_HOLD:-0}" = 1 ] && { echo "vm: holding the guest; kill $$ to end" >&2; sleep 3600; }
-  exit 1
-}
-
 img=$REGISTRY/kinglet/busybox:1
 # Every pod writes a counter where its volume is, once a second.
 writer='i=0; while true; do i=$((i+1)); echo $i >"$OUT"; sleep 1; done'

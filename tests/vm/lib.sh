@@ -102,7 +102,15 @@ vm_scp() {
 }
 
 # The helpers below run inside tests/vm/run.sh, which sets VM_WORK, VM_KEY,
-# VM_ARCH, VM_RUNTIME, REGISTRY, GATE_COMMENT and KUBECONFIG.
+# VM_ARCH, VM_RUNTIME, REGISTRY, GATE_COMMENT, VM_SUITE and KUBECONFIG.
+
+# fail MESSAGE: the suite fails. KINGLET_VM_HOLD=1 keeps the guest up for
+# a look first (ssh -i $VM_KEY root@10.213.0.2).
+fail() {
+  echo "vm ${VM_SUITE:-}: $*" >&2
+  [ "${KINGLET_VM_HOLD:-0}" = 1 ] && { echo "vm: holding the guest; kill $$ to end" >&2; sleep 3600; }
+  exit 1
+}
 
 # vm_gate close|open: the control plane unreachable from the guest (its
 # packets to the apiserver dropped, as a cut uplink does), or reachable.

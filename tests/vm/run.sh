@@ -28,6 +28,8 @@ while [ $# -gt 0 ]; do
     *) echo "usage: tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full] [--runtime oci|cri]" >&2; exit 2 ;;
   esac
 done
+case "$suite" in smoke | full) ;; *) echo "tests/vm/run.sh: --suite is smoke or full, not $suite" >&2; exit 2 ;; esac
+case "$runtime" in oci | cri) ;; *) echo "tests/vm/run.sh: --runtime is oci or cri, not $runtime" >&2; exit 2 ;; esac
 vm_arch_settings "$arch"
 case "$arch" in amd64) qpkg=qemu-system-x86 ;; *) qpkg=qemu-system-arm ;; esac
 tests/apt-need.sh "$qpkg" qemu-utils docker-registry skopeo umoci e2fsprogs openssh-client python3 >/dev/null
@@ -86,8 +88,10 @@ echo "vm: $arch guest up ($(vm_ssh "$key" 'stat -fc %T /sys/fs/cgroup; nproc; un
 vm_install_kinglet
 vm_wait_node_ready 300
 echo "figure: vm $arch $runtime first install: kinglet active after $(vm_since_boot kinglet) s of uptime"
+VM_SUITE=smoke
 . "$here/smoke.sh"
 if [ "$suite" = full ]; then
+  VM_SUITE=full
   . "$here/full.sh"
 fi
 echo "vm: $arch $suite ($runtime) passed"

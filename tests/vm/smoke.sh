@@ -3,13 +3,6 @@
 # reboot with the control plane unreachable.
 # shellcheck shell=bash
 
-fail() {
-  echo "vm smoke: $*" >&2
-  # KINGLET_VM_HOLD=1: the guest stays up for a look (ssh with $VM_KEY).
-  [ "${KINGLET_VM_HOLD:-0}" = 1 ] && { echo "vm: holding the guest; kill $$ to end" >&2; sleep 3600; }
-  exit 1
-}
-
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: v1
 kind: Pod
