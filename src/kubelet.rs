@@ -552,7 +552,8 @@ impl Kubelet {
                 view.clone(),
                 s.root_dir.clone(),
                 s.root_dir.clone(),
-            ),
+            )
+            .with_pods_cgroup(cfg.pods_cgroup()),
             view,
             runtime,
             metrics,

@@ -36,6 +36,8 @@ pub struct Sampler {
     pub proc_dir: PathBuf,
     /// Where the unified hierarchy is mounted (pods' and containers' PSI).
     pub cgroup_root: PathBuf,
+    /// The pods' cgroup under it (`kubepods`).
+    pub pods_cgroup: String,
     pub started: jiff::Timestamp,
     last: Mutex<HashMap<String, (Instant, u64)>>,
 }
@@ -204,6 +206,7 @@ impl Sampler {
             image_dir,
             proc_dir: PathBuf::from("/proc"),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            pods_cgroup: "kubepods".into(),
             started: jiff::Timestamp::now(),
             last: Mutex::new(HashMap::new()),
         }
@@ -312,10 +315,8 @@ impl Sampler {
     }
 
     /// Fills each pod's volumes, network and PSI, and returns the running
-    /// containers' PSI by (pod UID, name): disk walks, `/proc` and cgroup
-    /// reads, off the async thread. A container's cgroup is found from its
-    /// process (`/proc/<pid>/cgroup`), the same for both runtimes; its
-    /// pod's is the parent (upstream's layout: `.../pod<uid>/<container>`).
+    /// containers' PSI by (pod UID, name) ([`cgroup_psi`]): disk walks,
+    /// `/proc` and cgroup reads, off the async thread.
     async fn pods_on_disk_and_net(
         &self,
         mut samples: Vec<PodSample>,
@@ -323,11 +324,11 @@ impl Sampler {
         listed: &[kinglet_runtime::ContainerStatus],
     ) -> (Vec<PodSample>, ContainerPsi) {
         let (volume_root, proc_dir) = (self.root_dir.join("volumes"), self.proc_dir.clone());
-        let cgroup_root = self.cgroup_root.clone();
-        let running: Vec<(String, String, i32)> = listed
+        let (cgroup_root, pods_cgroup) = (self.cgroup_root.clone(), self.pods_cgroup.clone());
+        let running: Vec<(String, String, String, i32)> = listed
             .iter()
-            .filter(|c| c.state == ContainerState::Running && c.pid > 0)
-            .map(|c| (c.pod_uid.clone(), c.name.clone(), c.pid))
+            .filter(|c| c.state == ContainerState::Running)
+            .map(|c| (c.pod_uid.clone(), c.name.clone(), c.id.clone(), c.pid))
             .collect();
         let specs: HashMap<String, Arc<k8s_openapi::api::core::v1::Pod>> = pods
             .iter()
@@ -339,24 +340,11 @@ impl Sampler {
             .map(|c| (c.pod_uid.clone(), c.pid))
             .collect();
         tokio::task::spawn_blocking(move || {
-            let mut containers = ContainerPsi::new();
-            let mut pod_dirs = HashMap::new();
-            for (uid, name, pid) in running {
-                let Some(dir) = cgroup_of(&proc_dir, pid).map(|p| cgroup_root.join(p)) else {
-                    continue;
-                };
-                containers.insert(
-                    (uid.clone(), name),
-                    read_psi(|r| dir.join(format!("{r}.pressure"))),
-                );
-                if let Some(parent) = dir.parent() {
-                    pod_dirs.insert(uid, parent.to_path_buf());
-                }
-            }
+            let uids = samples.iter().map(|p| p.uid.clone()).collect();
+            let (mut pod_psi, containers) =
+                cgroup_psi(&cgroup_root, &pods_cgroup, &proc_dir, &uids, running);
             for p in &mut samples {
-                if let Some(dir) = pod_dirs.get(&p.uid) {
-                    p.psi = read_psi(|r| dir.join(format!("{r}.pressure")));
-                }
+                p.psi = pod_psi.remove(&p.uid).unwrap_or_default();
                 let Some(spec) = specs.get(&p.uid) else {
                     continue;
                 };
@@ -380,6 +368,12 @@ impl Sampler {
         })
         .await
         .unwrap_or_default()
+    }
+
+    /// The pods' cgroup, as configured (`kubepods` by default).
+    pub fn with_pods_cgroup(mut self, pods_cgroup: String) -> Self {
+        self.pods_cgroup = pods_cgroup;
+        self
     }
 
     /// The CPU rate since this key's previous reading, in nanocores.
@@ -507,6 +501,45 @@ impl Sampler {
             .collect();
         serde_json::json!({"node": node, "pods": pods})
     }
+}
+
+/// The PSI of the pods `uids` and of the `running` containers (pod UID,
+/// name, ID, PID), on the unified hierarchy only (v1 has no pressure
+/// files there). A pod's cgroup is where kinglet made it
+/// (`<pods cgroup>/<qos>/pod<uid>`); a container's is found from its
+/// process (`/proc/<pid>/cgroup`), or, where the runtime tells no PID
+/// (CRI), is the pod's child named by the container ID, as containerd and
+/// the in-process runtime both make it.
+fn cgroup_psi(
+    cgroup_root: &std::path::Path,
+    pods_cgroup: &str,
+    proc_dir: &std::path::Path,
+    uids: &std::collections::BTreeSet<String>,
+    running: Vec<(String, String, String, i32)>,
+) -> (HashMap<String, Psi>, ContainerPsi) {
+    if !cgroup_root.join("cgroup.controllers").exists() {
+        return Default::default();
+    }
+    let pod_dirs: HashMap<String, PathBuf> =
+        crate::pods::pod_cgroups::of(cgroup_root, pods_cgroup, uids)
+            .into_iter()
+            .collect();
+    let mut containers = ContainerPsi::new();
+    for (uid, name, id, pid) in running {
+        let dir = match cgroup_of(proc_dir, pid).filter(|_| pid > 0) {
+            Some(rel) => cgroup_root.join(rel),
+            None => match pod_dirs.get(&uid) {
+                Some(pod) if !id.is_empty() && !id.contains('/') => pod.join(&id),
+                _ => continue,
+            },
+        };
+        containers.insert((uid, name), read_psi(|r| dir.join(format!("{r}.pressure"))));
+    }
+    let pods = pod_dirs
+        .into_iter()
+        .map(|(uid, dir)| (uid, read_psi(|r| dir.join(format!("{r}.pressure")))))
+        .collect();
+    (pods, containers)
 }
 
 /// Upstream's PSI fields (KubeletPSI, GA in 1.36) on a node, pod or
@@ -760,5 +793,40 @@ mod tests {
         assert_eq!(v["memory"]["usageBytes"], 1);
         assert_eq!(v["io"]["psi"]["full"]["total"], 3);
         assert_eq!(v["io"]["time"], "t");
+    }
+
+    #[test]
+    fn psi_of_pods_and_containers_with_and_without_a_pid() {
+        let d = tempfile::tempdir().unwrap();
+        let (proc, cg) = (d.path().join("proc"), d.path().join("cgroup"));
+        let text = "some avg10=0.00 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n";
+        let pod = cg.join("kubepods/besteffort/podu");
+        for dir in [pod.join("cid"), pod.join("other")] {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("memory.pressure"), text).unwrap();
+        }
+        std::fs::write(pod.join("cpu.pressure"), text).unwrap();
+        std::fs::create_dir_all(proc.join("7")).unwrap();
+        std::fs::write(
+            proc.join("7/cgroup"),
+            "0::/kubepods/besteffort/podu/other\n",
+        )
+        .unwrap();
+        let uids = ["u".to_string()].into();
+        let running = vec![
+            // CRI: no PID, the container ID names its cgroup.
+            ("u".into(), "a".into(), "cid".into(), 0),
+            // In-process: found from the process.
+            ("u".into(), "b".into(), "ignored".into(), 7),
+        ];
+        // Not the unified hierarchy: nothing.
+        let (pods, ctrs) = cgroup_psi(&cg, "kubepods", &proc, &uids, running.clone());
+        assert!(pods.is_empty() && ctrs.is_empty());
+        std::fs::write(cg.join("cgroup.controllers"), "memory cpu io\n").unwrap();
+        let (pods, ctrs) = cgroup_psi(&cg, "kubepods", &proc, &uids, running);
+        assert_eq!(pods["u"].keys().copied().collect::<Vec<_>>(), ["cpu"]);
+        let key = |n: &str| ("u".to_string(), n.to_string());
+        assert_eq!(ctrs[&key("a")]["memory"]["some"]["total"], 5);
+        assert_eq!(ctrs[&key("b")]["memory"]["full"]["total"], 1);
     }
 }

@@ -155,6 +155,10 @@ vm_push_busybox() {
     --config.env PATH=/bin --config.cmd /bin/sh
   skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$l:img" \
     "docker://$REGISTRY/kinglet/busybox:1"
+  # containerd's sandbox image (--runtime cri): the same busybox, asleep.
+  umoci config --image "$l:img" --config.cmd /bin/sleep --config.cmd 2147483647
+  skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$l:img" \
+    "docker://$REGISTRY/kinglet/pause:1"
 }
 
 # vm_wait_ssh SECONDS: until the guest answers over ssh.
@@ -175,7 +179,7 @@ vm_install_kinglet() {
   if [ "$VM_RUNTIME" = cri ]; then
     args="--runtime cri --container-runtime-endpoint unix:///run/containerd/containerd.sock"
     vm_ssh "$VM_KEY" "mkdir -p /etc/containerd/certs.d/$REGISTRY && printf 'server = \"http://$REGISTRY\"\n[host.\"http://$REGISTRY\"]\n  capabilities = [\"pull\", \"resolve\"]\n' >/etc/containerd/certs.d/$REGISTRY/hosts.toml &&
-      printf 'version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n' >/etc/containerd/config.toml &&
+      printf 'version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"$REGISTRY/kinglet/pause:1\"\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n' >/etc/containerd/config.toml &&
       systemctl enable --now containerd >/dev/null 2>&1"
   fi
   vm_ssh "$VM_KEY" "set -e; dpkg -i /root/kinglet.deb >/dev/null

@@ -56,6 +56,9 @@ cleanup() {
   if [ "${KINGLET_VM_KEEP:-0}" = 1 ]; then echo "vm: kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
+# A signal ends the run through the EXIT trap too.
+trap "exit 130" INT
+trap "exit 143" TERM
 
 vm_net_up
 kc=$(tests/cluster/up.sh | tail -n1)
