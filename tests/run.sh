@@ -40,7 +40,7 @@ phase "cross: the static x86_64 binary (15 MB budget); aarch64 and armv7 type-ch
 # built from source: about 10 minutes on a cold machine) and their runs on
 # ARM guests are the VM lab's (tests/vm/run.sh --arch arm64|armhf); CI
 # checks that the code compiles for both (the c_char and 32-bit width
-# mistakes an x86_64 build does not see), lints included.
+# mistakes an x86_64 build does not see), aarch64 linted too.
 mkdir -p target
 cross/build.sh x86_64-unknown-linux-musl | tee target/cross.log
 for t in aarch64-unknown-linux-musl armv7-unknown-linux-musleabihf; do
