@@ -19,7 +19,8 @@ use super::sources::SourceUpdate;
 use crate::fsutil::write_private_atomic;
 
 /// Sends a snapshot of this node's API pods after the first list and after
-/// every change. Mirror pods are the node's own reflection and are skipped.
+/// every change. Mirror pods are the node's own reflection: not pods to
+/// run, they go beside the snapshot (their status is reconciled).
 ///
 /// Each snapshot is also written to the checkpoint; at start, before the
 /// API server has answered, the last checkpoint is the snapshot, so the
@@ -37,12 +38,7 @@ pub async fn watch(
             pods = pods.len(),
             "starting the API pods of the last checkpoint until the API server answers"
         );
-        let _ = tx
-            .send(SourceUpdate {
-                source: "api",
-                pods,
-            })
-            .await;
+        let _ = tx.send(SourceUpdate::pods("api", pods)).await;
     }
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
@@ -64,16 +60,13 @@ pub async fn watch(
         if !changed {
             continue;
         }
-        let snapshot: Vec<Pod> = set
-            .pods
-            .values()
-            .filter(|p| !is_mirror(p))
-            .cloned()
-            .collect();
+        let (mirrors, snapshot): (Vec<Pod>, Vec<Pod>) =
+            set.pods.values().cloned().partition(is_mirror);
         checkpoint.write(&snapshot).await;
         let update = SourceUpdate {
             source: "api",
             pods: snapshot,
+            mirrors,
         };
         if tx.send(update).await.is_err() {
             return;

@@ -127,10 +127,7 @@ pub async fn watch(
         let pods = tokio::task::spawn_blocking(move || scan(&dir, &node))
             .await
             .unwrap_or_default();
-        SourceUpdate {
-            source: "file",
-            pods,
-        }
+        SourceUpdate::pods("file", pods)
     };
     let _ = tx
         .send(snapshot(dir.clone(), node_name.clone()).await)

@@ -129,6 +129,8 @@ impl PodManager {
         gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut housekeeping = tokio::time::interval(POD_CGROUP_SWEEP_PERIOD);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reconcile = tokio::time::interval(STATUS_RECONCILE_PERIOD);
+        reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let cache = self.pleg.cache();
         loop {
             tokio::select! {
@@ -147,6 +149,7 @@ impl PodManager {
                 _ = relist.tick() => self.relist().await,
                 _ = gc.tick() => self.collect_sandboxes(),
                 _ = housekeeping.tick() => self.sweep_pod_cgroups(),
+                _ = reconcile.tick() => self.reconcile_statuses(),
                 _ = cache.wanted() => self.relist().await,
                 _ = async {
                     match &changes {
@@ -223,6 +226,16 @@ impl PodManager {
             let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
             ran.retain(|u| !done.contains(u));
         });
+    }
+
+    /// Writes again the statuses the API shows otherwise than kinglet
+    /// last wrote them (see [`StatusManager::reconcile`]).
+    fn reconcile_statuses(&self) {
+        for (pod, in_api) in self.sources.api_statuses() {
+            if let Some(uid) = &pod.metadata.uid {
+                self.status.reconcile(uid, pod, in_api);
+            }
+        }
     }
 
     fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
@@ -378,6 +391,11 @@ pub const LOG_DIR_GRACE: Duration = CONTAINER_GC_PERIOD;
 /// How often the pod cgroups of gone pods are looked for (upstream does
 /// it every 2 s housekeeping; a leftover is rare, and waits little).
 const POD_CGROUP_SWEEP_PERIOD: Duration = Duration::from_secs(10);
+
+/// How often the API's copy of each pod's status is compared with the
+/// last one written (upstream's status manager `syncPeriod`, 10 s): at
+/// most one extra write per pod and period, and only where they differ.
+const STATUS_RECONCILE_PERIOD: Duration = Duration::from_secs(10);
 
 /// Upstream's `ContainerGCPeriod` (one minute).
 const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::api_writer::ApiWriter;
 use crate::fsutil::write_private_atomic;
@@ -91,6 +91,37 @@ pub fn same(a: &PodStatus, b: &PodStatus) -> bool {
         s
     };
     strip(a) == strip(b)
+}
+
+/// Upstream's `isPodStatusByKubeletEqual`, on what round-trips exactly:
+/// the phase, each condition kinglet sets (status, reason, message; not
+/// its times, nor conditions others add), and each container's name,
+/// readiness, start and restart count.
+pub fn same_by_kubelet(ours: &PodStatus, theirs: &PodStatus) -> bool {
+    let text = |s: &Option<String>| s.clone().unwrap_or_default();
+    let conditions_match = ours.conditions.iter().flatten().all(|c| {
+        theirs
+            .conditions
+            .iter()
+            .flatten()
+            .find(|t| t.type_ == c.type_)
+            .is_some_and(|t| {
+                t.status == c.status
+                    && text(&t.reason) == text(&c.reason)
+                    && text(&t.message) == text(&c.message)
+            })
+    });
+    let containers = |s: &PodStatus| -> Vec<(String, bool, Option<bool>, i32)> {
+        [&s.init_container_statuses, &s.container_statuses]
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|c| (c.name.clone(), c.ready, c.started, c.restart_count))
+            .collect()
+    };
+    text(&ours.phase) == text(&theirs.phase)
+        && conditions_match
+        && containers(ours) == containers(theirs)
 }
 
 /// `<dir>/<uid>.json`, if the UID makes one plain file name there.
@@ -187,6 +218,30 @@ impl StatusManager {
             api.status(pod, &status);
         }
         self.latest.insert(uid.to_string(), status);
+    }
+
+    /// Upstream's `needsReconcile`: where the API shows a pod a status
+    /// other than the one last written (what kinglet owns of it: phase,
+    /// its conditions, its containers' readiness and restarts), the
+    /// newest status is written again. The node lifecycle controller
+    /// marks a silent node's pods not Ready; without this, a status that
+    /// did not change while the node was away would never set it right.
+    /// Returns whether a write was queued.
+    pub fn reconcile(&self, uid: &str, pod: &Pod, in_api: &PodStatus) -> bool {
+        let Some(ours) = self.latest.get(uid) else {
+            return false;
+        };
+        if same_by_kubelet(ours, in_api) {
+            return false;
+        }
+        debug!(
+            uid,
+            "the API shows another pod status than the last written; writing it again"
+        );
+        if let Some(api) = &self.api {
+            api.status(pod, ours);
+        }
+        true
     }
 
     /// An event about a pod (Normal or Warning).
@@ -366,5 +421,40 @@ mod tests {
         changed.phase = Some("Pending".into());
         again.set("u1", &pod, changed);
         assert_eq!(times(again.get("u1").unwrap()), before);
+    }
+
+    /// The node lifecycle controller marked the pod not Ready while the
+    /// node was away; kinglet's own status never changed since.
+    #[test]
+    fn a_status_the_api_shows_otherwise_is_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = StatusManager::new(dir.path().to_path_buf(), None);
+        let pod = crate::pods::test_pod("u1");
+        m.set("u1", &pod, status("True"));
+        let mut in_api = m.get("u1").unwrap().clone();
+        assert!(!m.reconcile("u1", &pod, &in_api), "same status");
+        // What the API adds or drops of its own changes nothing.
+        if let Some(cs) = in_api.conditions.as_mut() {
+            cs.push(PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+            cs[0].reason = Some(String::new());
+            cs[0].last_transition_time = None;
+        }
+        assert!(
+            !m.reconcile("u1", &pod, &in_api),
+            "only others' fields differ"
+        );
+        let mut marked = in_api.clone();
+        if let Some(cs) = marked.conditions.as_mut() {
+            cs[0].status = "False".into();
+        }
+        assert!(m.reconcile("u1", &pod, &marked), "Ready marked False");
+        assert!(!m.reconcile("gone", &pod, &marked), "a pod with no status");
+        let mut restarted = in_api;
+        restarted.container_statuses = Some(vec![Default::default()]);
+        assert!(!same_by_kubelet(m.get("u1").unwrap(), &restarted));
     }
 }

@@ -86,13 +86,7 @@ fn deleting(mut p: Pod) -> Pod {
 
 impl Node {
     async fn send(&self, pods: Vec<Pod>) {
-        self.tx
-            .send(SourceUpdate {
-                source: "api",
-                pods,
-            })
-            .await
-            .unwrap();
+        self.tx.send(SourceUpdate::pods("api", pods)).await.unwrap();
     }
 
     /// Sends `p` alone and lets time run until it is Running (3 s at most).
