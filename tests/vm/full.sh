@@ -217,15 +217,9 @@ rebooted=$(date +%s)
 vm_ssh "$VM_KEY" 'systemctl reboot' || true
 for _ in $(seq 1 60); do vm_ssh "$VM_KEY" true 2>/dev/null || break; sleep 1; done
 vm_wait_ssh 600
-deadline=$(( $(date +%s) + 300 ))
-while :; do
-  hb=$(kubectl get node kinglet-vm -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}')
-  if [ "${hb%% *}" = True ] && [ "$(date -d "${hb#* }" +%s)" -gt "$rebooted" ]; then break; fi
-  [ "$(date +%s)" -lt "$deadline" ] || fail "no Ready status from the new boot after 300 s ($hb)"
-  sleep 1
-done
+hb=$(vm_wait_heartbeat_after kinglet-vm "$rebooted" 300) || fail "no Ready status from the new boot"
 btime=$(vm_ssh "$VM_KEY" "awk '/^btime/ {print \$2}' /proc/stat")
-echo "figure: vm $VM_ARCH $VM_RUNTIME reboot online: kinglet active $(vm_since_boot kinglet) s after boot, node Ready $(( $(date -d "${hb#* }" +%s) - btime )) s after boot"
+echo "figure: vm $VM_ARCH $VM_RUNTIME reboot online: kinglet active $(vm_since_boot kinglet) s after boot, node Ready $(( $(date -d "$hb" +%s) - btime )) s after boot"
 # Eviction under the guest's own memory pressure (no artificial cap): a
 # pod filling a memory-backed emptyDir, 8 MiB a second, is evicted before
 # the kernel's OOM killer acts; kinglet, its container monitor and the

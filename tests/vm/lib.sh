@@ -171,6 +171,16 @@ vm_wait_ssh() {
   done
 }
 
+# vm_containerd_setup: the guest's containerd (Debian's) pulling from the
+# lab registry (plain HTTP), with the lab's sandbox image (the default,
+# registry.k8s.io/pause, is out of reach as on an air-gapped board),
+# enabled and started.
+vm_containerd_setup() {
+  vm_ssh "$VM_KEY" "mkdir -p /etc/containerd/certs.d/$REGISTRY && printf 'server = \"http://$REGISTRY\"\n[host.\"http://$REGISTRY\"]\n  capabilities = [\"pull\", \"resolve\"]\n' >/etc/containerd/certs.d/$REGISTRY/hosts.toml &&
+    printf 'version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"$REGISTRY/kinglet/pause:1\"\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n' >/etc/containerd/config.toml &&
+    systemctl enable --now containerd >/dev/null 2>&1"
+}
+
 # vm_install_kinglet: the .deb as a user installs it, the node's
 # kubeconfig and CA, the lab registry (plain HTTP), then the unit started.
 vm_install_kinglet() {
@@ -178,9 +188,7 @@ vm_install_kinglet() {
   vm_scp "$VM_KEY" "$VM_WORK/kinglet.deb" "$VM_WORK/kubeconfig" "$VM_WORK/ca.crt" "root@$VM_GUEST_IP:/root/"
   if [ "$VM_RUNTIME" = cri ]; then
     args="--runtime cri --container-runtime-endpoint unix:///run/containerd/containerd.sock"
-    vm_ssh "$VM_KEY" "mkdir -p /etc/containerd/certs.d/$REGISTRY && printf 'server = \"http://$REGISTRY\"\n[host.\"http://$REGISTRY\"]\n  capabilities = [\"pull\", \"resolve\"]\n' >/etc/containerd/certs.d/$REGISTRY/hosts.toml &&
-      printf 'version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"$REGISTRY/kinglet/pause:1\"\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n[plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n' >/etc/containerd/config.toml &&
-      systemctl enable --now containerd >/dev/null 2>&1"
+    vm_containerd_setup
   fi
   vm_ssh "$VM_KEY" "set -e; dpkg -i /root/kinglet.deb >/dev/null
     install -m 600 /root/kubeconfig /etc/kinglet/kubeconfig
@@ -199,6 +207,23 @@ vm_wait_node_ready() {
   local deadline=$(( $(date +%s) + $1 ))
   until vm_node_ready; do
     [ "$(date +%s)" -lt "$deadline" ] || { echo "vm: node not Ready after $1 s" >&2; vm_ssh "$VM_KEY" 'journalctl -u kinglet --no-pager | tail -n 40' >&2; return 1; }
+    sleep 1
+  done
+}
+
+# vm_wait_heartbeat_after NODE SINCE SECONDS: prints the time of NODE's
+# first Ready heartbeat later than SINCE (Unix seconds): after a reboot,
+# the first Ready status of the new boot (the API still shows the old
+# boot's Ready until the grace period ends).
+vm_wait_heartbeat_after() {
+  local deadline=$(( $(date +%s) + $3 )) hb
+  while :; do
+    hb=$(kubectl get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].lastHeartbeatTime}' 2>/dev/null)
+    if [ "${hb%% *}" = True ] && [ "$(date -d "${hb#* }" +%s)" -gt "$2" ]; then
+      echo "${hb#* }"
+      return 0
+    fi
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "vm: no Ready heartbeat of $1 after $3 s ($hb)" >&2; return 1; }
     sleep 1
   done
 }

@@ -3,14 +3,17 @@
 # ARCH under qemu (tests/vm/image.sh builds it from Debian's packages),
 # installs the project's own .deb for that arch, joins the guest to a
 # control plane on this machine, and checks what a user's board does:
-#   tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full] [--runtime oci|cri]
+#   tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench] [--runtime oci|cri]
 # smoke: boot, node Ready on cgroup v2, a pod from the lab registry with its
 #   limits on the unified hierarchy, kubectl logs and exec through the
 #   apiserver, then a reboot with the control plane unreachable: kinglet
 #   starts by itself and the pod runs again offline; back online, status
 #   converges and nothing restarts again.
 # full: smoke, then tests/vm/full.sh (power cuts, eviction under real
-#   memory pressure, the 8-pod reboot, the 512 MB side-by-side).
+#   memory pressure, the 8-pod reboot).
+# bench: the 512 MB board side by side (tests/vm/bench.sh): kinglet, then
+#   the upstream kubelet with containerd in the same guest; boot to Ready,
+#   memory at 0/10/30 pods, pod startup.
 # Prints `figure:` lines; leaves nothing running (guest, bridge, control
 # plane, registry, gate rule).
 set -euo pipefail
@@ -25,10 +28,10 @@ while [ $# -gt 0 ]; do
     --arch) arch=$2; shift 2 ;;
     --suite) suite=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
-    *) echo "usage: tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full] [--runtime oci|cri]" >&2; exit 2 ;;
+    *) echo "usage: tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench] [--runtime oci|cri]" >&2; exit 2 ;;
   esac
 done
-case "$suite" in smoke | full) ;; *) echo "tests/vm/run.sh: --suite is smoke or full, not $suite" >&2; exit 2 ;; esac
+case "$suite" in smoke | full | bench) ;; *) echo "tests/vm/run.sh: --suite is smoke, full or bench, not $suite" >&2; exit 2 ;; esac
 case "$runtime" in oci | cri) ;; *) echo "tests/vm/run.sh: --runtime is oci or cri, not $runtime" >&2; exit 2 ;; esac
 vm_arch_settings "$arch"
 case "$arch" in amd64) qpkg=qemu-system-x86 ;; *) qpkg=qemu-system-arm ;; esac
@@ -91,10 +94,10 @@ echo "vm: $arch guest up ($(vm_ssh "$key" 'stat -fc %T /sys/fs/cgroup; nproc; un
 vm_install_kinglet
 vm_wait_node_ready 300
 echo "figure: vm $arch $runtime first install: kinglet active after $(vm_since_boot kinglet) s of uptime"
-VM_SUITE=smoke
-. "$here/smoke.sh"
-if [ "$suite" = full ]; then
-  VM_SUITE=full
-  . "$here/full.sh"
-fi
+VM_SUITE=$suite
+case "$suite" in
+  smoke) . "$here/smoke.sh" ;;
+  full) VM_SUITE=smoke; . "$here/smoke.sh"; VM_SUITE=full; . "$here/full.sh" ;;
+  bench) . "$here/bench.sh" ;;
+esac
 echo "vm: $arch $suite ($runtime) passed"
