@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rm -rf target/conformance-ci
-focus=$(grep -v '^\s*#' tests/conformance/ci-specs.txt | grep -v '^\s*$' | paste -sd'|')
+# shellcheck source=lib.sh
+. tests/conformance/lib.sh
+focus=$(ci_focus)
 export KINGLET_CLUSTER_DIR=/tmp/kinglet-conformance-ci
 export KINGLET_ETCD_PORT=14379 KINGLET_ETCD_PEER_PORT=14380 KINGLET_APISERVER_PORT=18443
 export KINGLET_KCM_PORT=22257 KINGLET_SCHEDULER_PORT=22259 KINGLET_METRICS_SERVER_PORT=22443

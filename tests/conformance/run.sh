@@ -72,16 +72,9 @@ trap 'exit 130' INT
 serve_registry "$work/registry"
 registry=$reg
 tests/conformance/images.sh "$bin" "$registry"
-cat > "$work/repo-list.yaml" <<YAML
-promoterE2eRegistry: $registry/e2e-test-images
-gcRegistry: $registry
-gcEtcdRegistry: $registry
-buildImageRegistry: $registry/build-image
-sigStorageRegistry: $registry/sig-storage
-dockerLibraryRegistry: $registry/library
-privateRegistry: $registry/k8s-authenticated-test
-cloudProviderGcpRegistry: $registry/cloud-provider-gcp
-YAML
+# shellcheck source=lib.sh
+. tests/conformance/lib.sh
+repo_list "$registry" > "$work/repo-list.yaml"
 
 # A fresh control plane: the e2e framework waits for every Node to be
 # Ready, so nodes other tests left behind must not be there.
@@ -98,7 +91,7 @@ cat > "$work/net.d/10-kinglet.conflist" <<JSON
 JSON
 start_kinglet_node "$kinglet" "$work" "$node" 127.0.0.1 "$runtime" "$registry" "$admin" "$out/kinglet.log"
 
-selection='!Disruptive && !Flaky && !Slow && !/^Feature:/ && !Alpha && !BetaOffByDefault'
+selection=$CONFORMANCE_SELECTION
 # suite LABELS PROCS REPORT LOG: one ginkgo run of the specs with LABELS.
 suite() {
   local args=(--kubeconfig="$admin" --provider=local --kube-test-repo-list="$work/repo-list.yaml"
@@ -116,52 +109,5 @@ suite "NodeConformance && !Serial && $selection" 2 junit.xml e2e.log
 # The [Serial] specs alone on the node, one at a time.
 [ "$serial" = yes ] && suite "NodeConformance && Serial && $selection" 1 junit-serial.xml e2e-serial.log
 set -e
-python3 - "$out" "$(( $(date +%s) - start ))" "$runtime" <<'PY'
-import glob, os, sys, xml.etree.ElementTree as ET
-out, wall, runtime = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-cases = {}
-# The CLI's merged report when there is one: a failing spec also leaves
-# a per-process report (junit_01.xml) that would count everything twice.
-# (and the serial pass's).
-merged = [f for f in (f"{out}/junit.xml", f"{out}/junit-serial.xml") if os.path.exists(f)]
-reports = merged or sorted(glob.glob(f"{out}/junit*.xml"))
-for f in reports:
-    for tc in ET.parse(f).getroot().iter("testcase"):
-        name = tc.get("name", "")
-        if name.startswith("[SynchronizedBeforeSuite]") or name.startswith("[SynchronizedAfterSuite]") \
-                or name.startswith("[ReportAfterSuite]") or name.startswith("[ReportBeforeSuite]"):
-            continue
-        status = tc.get("status", "")
-        fail = tc.find("failure")
-        if fail is None:
-            fail = tc.find("error")
-        if tc.find("skipped") is not None or status == "skipped":
-            state = "skipped"
-        elif fail is not None or status in ("failed", "panicked", "timedout", "interrupted"):
-            state = "failed"
-        else:
-            state = "passed"
-        cause = ""
-        if fail is not None:
-            text = (fail.get("message") or fail.text or "").strip()
-            cause = text.splitlines()[0][:200] if text else status
-        # A pass that did not select a spec lists it as skipped: that
-        # never hides what the other pass ran.
-        if state == "skipped" and name in cases:
-            continue
-        cases[name] = (state, name, cause)
-cases = list(cases.values())
-selected = [c for c in cases if c[0] != "skipped"]
-n = {s: sum(1 for c in cases if c[0] == s) for s in ("passed", "failed", "skipped")}
-run = n["passed"] + n["failed"]
-# Specs outside the selection are reported as skipped by ginkgo: the
-# selection is what ran.
-lines = [f"conformance ({runtime}): {len(selected)} specs selected and run, {n['passed']} passed, {n['failed']} failed "
-         f"({100 * n['passed'] / max(1, run):.0f}%); wall time {wall} s"]
-for state, name, cause in cases:
-    if state == "failed":
-        lines.append(f"FAIL {name}\n     {cause}")
-open(f"{out}/table.txt", "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+python3 tests/conformance/report.py "$out" "$(( $(date +%s) - start ))" "$runtime"
 exit 0

@@ -3,7 +3,7 @@
 # ARCH under qemu (tests/vm/image.sh builds it from Debian's packages),
 # installs the project's own .deb for that arch, joins the guest to a
 # control plane on this machine, and checks what a user's board does:
-#   tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench] [--runtime oci|cri]
+#   tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench|conformance] [--runtime oci|cri]
 # smoke: boot, node Ready on cgroup v2, a pod from the lab registry with its
 #   limits on the unified hierarchy, kubectl logs and exec through the
 #   apiserver, then a reboot with the control plane unreachable: kinglet
@@ -14,6 +14,8 @@
 # bench: the 512 MB board side by side (tests/vm/bench.sh): kinglet, then
 #   the upstream kubelet with containerd in the same guest; boot to Ready,
 #   memory at 0/10/30 pods, pod startup.
+# conformance: the conformance CI subset (tests/conformance/ci-specs.txt)
+#   against the guest node (tests/vm/conformance.sh).
 # Prints `figure:` lines; leaves nothing running (guest, bridge, control
 # plane, registry, gate rule).
 set -euo pipefail
@@ -28,10 +30,10 @@ while [ $# -gt 0 ]; do
     --arch) arch=$2; shift 2 ;;
     --suite) suite=$2; shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
-    *) echo "usage: tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench] [--runtime oci|cri]" >&2; exit 2 ;;
+    *) echo "usage: tests/vm/run.sh [--arch amd64|arm64|armhf] [--suite smoke|full|bench|conformance] [--runtime oci|cri]" >&2; exit 2 ;;
   esac
 done
-case "$suite" in smoke | full | bench) ;; *) echo "tests/vm/run.sh: --suite is smoke, full or bench, not $suite" >&2; exit 2 ;; esac
+case "$suite" in smoke | full | bench | conformance) ;; *) echo "tests/vm/run.sh: --suite is smoke, full, bench or conformance, not $suite" >&2; exit 2 ;; esac
 case "$runtime" in oci | cri) ;; *) echo "tests/vm/run.sh: --runtime is oci or cri, not $runtime" >&2; exit 2 ;; esac
 vm_arch_settings "$arch"
 case "$arch" in amd64) qpkg=qemu-system-x86 ;; *) qpkg=qemu-system-arm ;; esac
@@ -99,5 +101,6 @@ case "$suite" in
   smoke) . "$here/smoke.sh" ;;
   full) VM_SUITE=smoke; . "$here/smoke.sh"; VM_SUITE=full; . "$here/full.sh" ;;
   bench) . "$here/bench.sh" ;;
+  conformance) . "$here/conformance.sh" ;;
 esac
 echo "vm: $arch $suite ($runtime) passed"
