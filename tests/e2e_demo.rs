@@ -48,10 +48,15 @@ fn demo_log(root: &Path) -> Option<String> {
     std::fs::read_to_string(logs.join(dir).join("hello/0.log")).ok()
 }
 
-/// Kills the demo and cleans its root if the test fails midway.
+/// The bridge of the demo's default CNI network (as a user's).
+const BRIDGE: &str = "/sys/class/net/kinglet0";
+
+/// Kills the demo and cleans its root if the test fails midway; the
+/// bridge the demo made (a user's stays, as CNI bridges do) goes too.
 struct Demo {
     child: std::process::Child,
     root: PathBuf,
+    bridge_was_there: bool,
 }
 
 impl Drop for Demo {
@@ -59,6 +64,11 @@ impl Drop for Demo {
         let _ = self.child.kill();
         let _ = self.child.wait();
         common::pods::cleanup_root(&self.root);
+        if !self.bridge_was_there {
+            let _ = Command::new("ip")
+                .args(["link", "del", "kinglet0"])
+                .status();
+        }
     }
 }
 
@@ -69,6 +79,7 @@ fn the_demo_runs_offline_and_ctrl_c_leaves_nothing_behind() {
     let root = tmp.path().join("demo-root");
     let cni_before = listing("/etc/cni/net.d");
     let logs_before = listing("/var/log/pods");
+    let bridge_was_there = Path::new(BRIDGE).exists();
     let t0 = Instant::now();
     let child = Command::new(&bin)
         .args(["--root-dir", root.to_str().unwrap(), "demo"])
@@ -79,6 +90,7 @@ fn the_demo_runs_offline_and_ctrl_c_leaves_nothing_behind() {
     let mut demo = Demo {
         child,
         root: root.clone(),
+        bridge_was_there,
     };
     let agent_log = || std::fs::read_to_string(tmp.path().join("kinglet.log")).unwrap_or_default();
     while !demo_log(&root).is_some_and(|l| l.contains("hello from the kinglet demo pod")) {

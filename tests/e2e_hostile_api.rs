@@ -39,6 +39,17 @@ fn fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// What each of a process's fds points at (for a failure's message).
+fn fd_targets(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|t| t.display().to_string())
+        .collect()
+}
+
 /// kinglet's TCP sockets in CLOSE-WAIT (the peer closed, kinglet did not).
 fn close_wait(pid: u32) -> usize {
     let out = Command::new("ss")
@@ -278,8 +289,11 @@ async fn abandoned_execs_leave_no_socket_and_no_process(rt: Rt) {
         .await;
     }
     // Every fd of the sessions goes too (through CRI, the streams to
-    // containerd's streaming server with them).
-    let fds1 = within(Duration::from_secs(10), || async {
+    // containerd's streaming server with them). Within 30 s: the last
+    // `kubectl exec ps` above may leave an idle connection from the
+    // apiserver, which goes after the 10 s idle timeout.
+    let fds0_list = fd_targets(pid);
+    let fds1 = within(Duration::from_secs(30), || async {
         let n = fds(pid);
         (n <= fds0 + 4).then_some(n)
     })
@@ -290,7 +304,11 @@ async fn abandoned_execs_leave_no_socket_and_no_process(rt: Rt) {
         "figure: 20 abandoned execs ({rt:?}): sockets closed {:.1} s after the clients died; kinglet fds {fds0} -> {fds1}",
         closed.as_secs_f64()
     );
-    assert!(settled, "fds {fds0} -> {fds1}");
+    assert!(
+        settled,
+        "fds {fds0} -> {fds1}; right after the sessions: {fds0_list:?}, now: {:?}",
+        fd_targets(pid)
+    );
     pods.delete(&name, &DeleteParams::default().grace_period(0))
         .await
         .unwrap();

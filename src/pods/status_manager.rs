@@ -9,7 +9,7 @@
 //! It also exposes a read-only [`StatusView`] of the pods and their
 //! statuses, for the kubelet API, eviction and the CLI.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -140,6 +140,9 @@ pub struct StatusManager {
     dir: PathBuf,
     /// Shared with the view: one copy per status.
     latest: HashMap<String, Arc<PodStatus>>,
+    /// The pods whose status this run computed (not only adopted from the
+    /// record of the last): the only ones reconciled with the API.
+    computed: HashSet<String>,
     view: StatusView,
     api: Option<ApiWriter>,
     /// Where a pod's first start to Running is observed
@@ -161,6 +164,7 @@ impl StatusManager {
         StatusManager {
             dir,
             latest: HashMap::new(),
+            computed: HashSet::new(),
             view: StatusView::default(),
             api,
             metrics: None,
@@ -218,6 +222,7 @@ impl StatusManager {
             api.status(pod, &status);
         }
         self.latest.insert(uid.to_string(), status);
+        self.computed.insert(uid.to_string());
     }
 
     /// Upstream's `needsReconcile`: where the API shows a pod a status
@@ -228,7 +233,9 @@ impl StatusManager {
     /// did not change while the node was away would never set it right.
     /// Returns whether a write was queued.
     pub fn reconcile(&self, uid: &str, pod: &Pod, in_api: &PodStatus) -> bool {
-        let Some(ours) = self.latest.get(uid) else {
+        // A status adopted from the last run's record is not written
+        // back: the pod's worker computes a current one first.
+        let Some(ours) = self.latest.get(uid).filter(|_| self.computed.contains(uid)) else {
             return false;
         };
         if same_by_kubelet(ours, in_api) {
@@ -273,6 +280,7 @@ impl StatusManager {
     /// Drops what is known of a pod that never ran (no API call).
     pub fn forget(&mut self, uid: &str) {
         self.latest.remove(uid);
+        self.computed.remove(uid);
         self.view.write().remove(uid);
         if let Some(p) = record_path(&self.dir, uid) {
             let _ = std::fs::remove_file(p);
@@ -453,6 +461,12 @@ mod tests {
         }
         assert!(m.reconcile("u1", &pod, &marked), "Ready marked False");
         assert!(!m.reconcile("gone", &pod, &marked), "a pod with no status");
+        let mut next = StatusManager::new(dir.path().to_path_buf(), None);
+        next.adopt("u1");
+        assert!(
+            !next.reconcile("u1", &pod, &marked),
+            "a status only adopted from the last run's record"
+        );
         let mut restarted = in_api;
         restarted.container_statuses = Some(vec![Default::default()]);
         assert!(!same_by_kubelet(m.get("u1").unwrap(), &restarted));
