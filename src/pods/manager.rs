@@ -1,7 +1,9 @@
 //! The pod manager: the one task that joins the parts. Source snapshots
 //! go through the merge ([`Sources`]) to the pod workers' lifecycle
 //! ([`PodWorkers`]) after admission; the PLEG's relist wakes the workers
-//! whose containers changed; worker reports go to the status manager;
+//! whose containers changed; worker reports go to the status manager,
+//! which every 10 s also compares the API's copy of each pod's status
+//! with the last it wrote;
 //! kill requests (eviction, later liveness) go to the workers. Once every
 //! source has reported, what belongs to pods that are gone is removed.
 

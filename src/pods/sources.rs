@@ -1,6 +1,8 @@
 //! The source merge: every pod source (the API watch, the static pod dir,
 //! the checkpoint read at start) sends whole snapshots; this keeps the
-//! newest snapshot of each and merges them into one desired set by UID.
+//! newest snapshot of each and merges them into one desired set by UID,
+//! and, beside it, the status the API shows of each pod (for a static pod,
+//! its mirror pod's).
 //!
 //! `ready()` is upstream's `SourcesReady`: nothing may be torn down as
 //! "gone" until every expected source has reported once, so a restart
