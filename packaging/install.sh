@@ -19,6 +19,7 @@ install -d -m 700 "$d"/etc/kinglet "$d"/etc/kinglet/manifests "$d"/var/lib/kingl
 install -m 755 "$bin" "$d"/usr/bin/kinglet.new && mv "$d"/usr/bin/kinglet.new "$d"/usr/bin/kinglet
 install -m 644 "$here/../systemd/kinglet.service" "$d"/etc/systemd/system/kinglet.service
 install -m 644 "$here/../README.md" "$d"/usr/share/doc/kinglet/README.md
+(cd "$here/.." && find docs -type f -exec install -D -m 644 {} "$d/usr/share/doc/kinglet/{}" \;)
 if [ -e "$d"/etc/kinglet/config.yaml ]; then
   cp -p "$d"/etc/kinglet/config.yaml "$d"/etc/kinglet/config.yaml.bak
 else

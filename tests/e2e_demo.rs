@@ -1,4 +1,4 @@
-//! End to end: the README's first command as a user meets it. The static
+//! End to end: the README's demo command as a user meets it. The static
 //! kinglet (the one `tests/demo.sh` builds: `cross/build.sh`, which
 //! `tests/run.sh` runs first) runs `kinglet demo` offline under a private
 //! root: the demo pod logs its first line, `kinglet pods ls` shows it

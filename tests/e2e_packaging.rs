@@ -163,6 +163,15 @@ fn the_deb_installs_upgrades_and_purges_cleanly() {
         0o644
     );
     assert_eq!(mode(&r.join("etc/cni/net.d/10-kinglet.conflist")).0, 0o644);
+    // networkd leaves the pod network alone (the VM lab's guest, whose
+    // .network matches every Ethernet link, veths included, needs it).
+    let network = r.join("usr/lib/systemd/network/05-kinglet.network");
+    assert!(
+        std::fs::read_to_string(&network)
+            .unwrap()
+            .contains("Unmanaged=yes"),
+        "{network:?}"
+    );
     let conffiles = c.run(&["dpkg-query", "-W", "-f", "${Conffiles}", "kinglet"]);
     assert!(
         conffiles.contains("/etc/kinglet/config.yaml")
@@ -197,6 +206,7 @@ fn the_deb_installs_upgrades_and_purges_cleanly() {
         "usr/lib/systemd/system/kinglet.service",
         "usr/lib/tmpfiles.d/kinglet.conf",
         "etc/cni/net.d/10-kinglet.conflist",
+        "usr/lib/systemd/network/05-kinglet.network",
         "usr/share/doc/kinglet",
     ] {
         assert!(!r.join(gone).exists(), "{gone} left after purge");
@@ -452,6 +462,7 @@ fn the_bundle_installs_offline_and_runs_a_bundled_static_pod() {
     assert_eq!(mode(&fs.join("o3/u/kinglet")).0, 0o755);
     assert_eq!(mode(&fs.join("o2/u/cni/bin/bridge")).0, 0o755);
     assert!(fs.join("o0/u/cni/net.d/10-kinglet.conflist").exists());
+    assert!(fs.join("o0/u/systemd/network/05-kinglet.network").exists());
     // Offline indeed: the machine has no route out (the pod's default
     // route leads to its bridge, which leads nowhere).
     let routes = run(Command::new("ip").args(["-n", &ns, "route"]));

@@ -9,7 +9,7 @@
 # the VM lab's smoke suite (a Debian 12 guest on cgroup v2 under qemu,
 # kinglet from its .deb, a reboot offline), and stops everything it
 # started. The same conformance subset and add-ons through containerd are
-# separate commands (README, "Tests"), as are the heavy suites.
+# separate commands (docs/testing.md), as are the heavy suites.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)

@@ -5,6 +5,7 @@
 #   kinglet.service          the systemd unit
 #   config.yaml              the default config (CIS defaults)
 #   10-kinglet.conflist      the default CNI network (bridge kinglet0)
+#   kinglet.network          systemd-networkd leaves that network alone
 #   cni/                     static CNI plugins bridge, host-local, portmap,
 #                            loopback (packaging/bundle/cni.sh, from the Go
 #                            module containernetworking/plugins)
@@ -33,6 +34,7 @@ install -m 755 "$bin" "$d/kinglet"
 install -m 644 systemd/kinglet.service "$d/kinglet.service"
 install -m 600 packaging/config.yaml "$d/config.yaml"
 install -m 644 packaging/common/10-kinglet.conflist "$d/10-kinglet.conflist"
+install -m 644 packaging/common/kinglet.network "$d/kinglet.network"
 install -m 755 "$cni"/* "$d/cni/"
 install -m 755 packaging/bundle/install.sh packaging/bundle/uninstall.sh "$d/"
 install -m 644 packaging/bundle/README.md "$d/README.md"

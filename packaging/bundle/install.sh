@@ -4,6 +4,8 @@
 #   (kept if present), the static pods in manifests/ into
 #   /etc/kinglet/manifests, the CNI plugins into /opt/cni/bin and the
 #   default conflist into /etc/cni/net.d (each only where none is there),
+#   /etc/systemd/network/05-kinglet.network (networkd leaves the pod
+#   network alone),
 #   and images/ into kinglet's import dir, read at its next start.
 # An upgrade keeps the previous binary as /usr/bin/kinglet.bak (rollback:
 # uninstall.sh --rollback) and restarts a running agent, which stops no
@@ -11,7 +13,7 @@
 set -eu
 src=$(cd "$(dirname "$0")" && pwd)
 "$src/kinglet" --version >/dev/null
-install -d -m 755 /usr/bin /etc/systemd/system /opt/cni/bin /etc/cni/net.d /var/log/pods
+install -d -m 755 /usr/bin /etc/systemd/system /etc/systemd/network /opt/cni/bin /etc/cni/net.d /var/log/pods
 install -d -m 700 /etc/kinglet /etc/kinglet/manifests /var/lib/kinglet /var/lib/kinglet/images/import
 if [ -e /usr/bin/kinglet ]; then cp -p /usr/bin/kinglet /usr/bin/kinglet.bak; fi
 install -m 755 "$src/kinglet" /usr/bin/kinglet.new
@@ -27,6 +29,7 @@ done
 if ! ls /etc/cni/net.d/*.conflist /etc/cni/net.d/*.conf >/dev/null 2>&1; then
   install -m 644 "$src/10-kinglet.conflist" /etc/cni/net.d/10-kinglet.conflist
 fi
+install -m 644 "$src/kinglet.network" /etc/systemd/network/05-kinglet.network
 for i in "$src"/images/*; do
   [ -e "$i" ] || continue
   # Renamed into place: the import dir only takes whole files.
@@ -35,6 +38,7 @@ for i in "$src"/images/*; do
 done
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
+  if systemctl -q is-active systemd-networkd.service; then networkctl reload >/dev/null 2>&1 || true; fi
   systemctl enable kinglet.service >/dev/null 2>&1 || true
   if systemctl is-active -q kinglet.service; then
     systemctl restart kinglet.service

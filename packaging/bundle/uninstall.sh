@@ -5,7 +5,8 @@
 #                             /etc/kinglet and /var/lib/kinglet too, unless
 #                             pods still have mounts under it)
 #   uninstall.sh --rollback   put the previous binary back and restart
-# The CNI plugins and conflist stay (other agents may use them).
+# The CNI plugins, conflist and 05-kinglet.network stay (other agents may
+# use them; pods may still run on that network).
 set -eu
 systemd=false
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then systemd=true; fi

@@ -7,7 +7,8 @@
 #   /etc/kinglet/config.yaml               conffile, mode 600, CIS defaults
 #   /etc/cni/net.d/10-kinglet.conflist     conffile: bridge kinglet0, 10.88.0.0/16
 #   /usr/lib/tmpfiles.d/kinglet.conf       /var/lib/kinglet 700, /var/log/pods
-#   /usr/share/doc/kinglet/                README, copyright
+#   /usr/lib/systemd/network/05-kinglet.network  networkd leaves the pod network alone
+#   /usr/share/doc/kinglet/                README, docs/, copyright
 # KINGLET_BIN=FILE packs that binary instead of building one;
 # KINGLET_DEB_VERSION overrides the version (Cargo.toml's).
 set -euo pipefail
@@ -29,7 +30,10 @@ install -d -m 700 "$r/etc/kinglet"
 install -m 600 packaging/config.yaml "$r/etc/kinglet/config.yaml"
 install -D -m 644 packaging/common/10-kinglet.conflist "$r/etc/cni/net.d/10-kinglet.conflist"
 install -D -m 644 packaging/common/kinglet.tmpfiles "$r/usr/lib/tmpfiles.d/kinglet.conf"
+install -D -m 644 packaging/common/kinglet.network "$r/usr/lib/systemd/network/05-kinglet.network"
 install -D -m 644 README.md "$r/usr/share/doc/kinglet/README.md"
+# The pages the README links to, where its links lead.
+find docs -type f -exec install -D -m 644 {} "$r/usr/share/doc/kinglet/{}" \;
 install -D -m 644 packaging/deb/copyright "$r/usr/share/doc/kinglet/copyright"
 install -d "$r/DEBIAN"
 size_kb=$(du -sk --exclude=DEBIAN "$r" | cut -f1)

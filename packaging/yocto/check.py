@@ -10,8 +10,8 @@ script can:
 - every `file://` in SRC_URI exists in the recipe's files/ for each
   architecture (the binaries: the static ELF of that machine, as
   prepare.sh copies them);
-- the layer's copies of the unit, config, conflist and tmpfiles are the
-  repo's own;
+- the layer's copies of the unit, config, conflist, tmpfiles and networkd
+  file are the repo's own;
 - do_install, with the variables expanded as oe-core sets them, runs in a
   scratch dir and installs the files the unit and README name, with the
   modes the CIS benchmark asks for;
@@ -113,7 +113,8 @@ def check_copies(files):
     for copy, src in [("kinglet.service", "systemd/kinglet.service"),
                       ("config.yaml", "packaging/config.yaml"),
                       ("10-kinglet.conflist", "packaging/common/10-kinglet.conflist"),
-                      ("kinglet.tmpfiles", "packaging/common/kinglet.tmpfiles")]:
+                      ("kinglet.tmpfiles", "packaging/common/kinglet.tmpfiles"),
+                      ("kinglet.network", "packaging/common/kinglet.network")]:
         if open(os.path.join(files, copy), "rb").read() != open(os.path.join(REPO, src), "rb").read():
             problem(f"files/{copy} differs from {src}: copy it again")
 
@@ -144,7 +145,8 @@ def check_install(text, files):
         config = re.search(r"--config (\S+)", unit).group(1)
         want = {exec_start: 0o755, config: 0o600, "/etc/kinglet": 0o700, "/etc/kinglet/manifests": 0o700,
                 "/usr/lib/systemd/system/kinglet.service": 0o644,
-                "/etc/cni/net.d/10-kinglet.conflist": 0o644, "/usr/lib/tmpfiles.d/kinglet.conf": 0o644}
+                "/etc/cni/net.d/10-kinglet.conflist": 0o644, "/usr/lib/tmpfiles.d/kinglet.conf": 0o644,
+                "/usr/lib/systemd/network/05-kinglet.network": 0o644}
         for p, mode in want.items():
             full = d + p
             if not os.path.exists(full):

@@ -4,7 +4,7 @@
 //! names kinglet builds host paths from (pod, namespace, UID, containers,
 //! volumes), uniqueness, hostPath and subPath without `..` — plus the
 //! bounds kinglet adds so that one pod cannot cost the node its memory
-//! (see "Differences from upstream" in the README). Messages are
+//! (see docs/differences.md). Messages are
 //! upstream's field errors (`spec.containers[0].name: Invalid value: ...`).
 
 use std::collections::BTreeSet;

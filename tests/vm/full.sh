@@ -2,8 +2,8 @@
 # pods of every kind through a reboot and a power cut with the control
 # plane unreachable, what happens when it comes back, and boot-to-Ready
 # online, and eviction under the guest's own memory pressure. (The 512 MB
-# side by side with the upstream kubelet is still to come: see README
-# "The VM lab".)
+# side by side with the upstream kubelet is the bench suite, bench.sh; its
+# figures: docs/vm-lab.md, "Figures".)
 # shellcheck shell=bash
 
 img=$REGISTRY/kinglet/busybox:1

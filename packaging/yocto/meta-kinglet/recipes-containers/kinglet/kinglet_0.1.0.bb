@@ -17,6 +17,7 @@ SRC_URI = "\
     file://config.yaml \
     file://10-kinglet.conflist \
     file://kinglet.tmpfiles \
+    file://kinglet.network \
 "
 S = "${UNPACKDIR}"
 
@@ -35,9 +36,11 @@ do_install() {
     install -m 0600 ${S}/config.yaml ${D}${sysconfdir}/kinglet/config.yaml
     install -D -m 0644 ${S}/10-kinglet.conflist ${D}${sysconfdir}/cni/net.d/10-kinglet.conflist
     install -D -m 0644 ${S}/kinglet.tmpfiles ${D}${nonarch_libdir}/tmpfiles.d/kinglet.conf
+    install -D -m 0644 ${S}/kinglet.network ${D}${nonarch_libdir}/systemd/network/05-kinglet.network
 }
 
-FILES:${PN} += "${systemd_system_unitdir}/kinglet.service ${nonarch_libdir}/tmpfiles.d/kinglet.conf"
+FILES:${PN} += "${systemd_system_unitdir}/kinglet.service ${nonarch_libdir}/tmpfiles.d/kinglet.conf \
+    ${nonarch_libdir}/systemd/network/05-kinglet.network"
 CONFFILES:${PN} = "${sysconfdir}/kinglet/config.yaml ${sysconfdir}/cni/net.d/10-kinglet.conflist"
 
 # What kinglet runs with on the target: the CNI plugins of its default
