@@ -31,14 +31,17 @@ mkdir -p target
 # The Go builds and the guest image (cached; minutes on a fresh machine)
 # go beside the Rust work: what the tests need beside lint and the cross
 # build, the rest (niced) beside the tests, which mostly wait.
-rm -f target/prebuild-tests.rc
+rm -f target/prebuild-tests.rc target/prebuild-later.rc target/vm-smoke.rc
 # In a process group of their own, so that an early exit ends them all.
 setsid bash -c '
   rc=0
   tests/prebuild.sh tests >target/prebuild-tests.log 2>&1 || rc=$?
   echo "$rc" >target/prebuild-tests.rc
   [ "$rc" = 0 ] || exit "$rc"
-  exec nice -n 19 tests/prebuild.sh later >target/prebuild-later.log 2>&1' &
+  rc=0
+  nice -n 19 tests/prebuild.sh later >target/prebuild-later.log 2>&1 || rc=$?
+  echo "$rc" >target/prebuild-later.rc
+  exit "$rc"' &
 prebuild=$!
 # await_file FILE LOG WHAT: until FILE says the build that writes it
 # ended, then its exit code; a failure prints the build's log.
@@ -54,7 +57,8 @@ await_file() {
 }
 
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
-trap 'tests/cluster/down.sh >/dev/null 2>&1 || true; kill -- -"$prebuild" 2>/dev/null || true' EXIT
+vmjob=
+trap 'tests/cluster/down.sh >/dev/null 2>&1 || true; kill -- -"$prebuild" 2>/dev/null || true; [ -z "$vmjob" ] || kill -- -"$vmjob" 2>/dev/null || true' EXIT
 
 phase "lint"
 cargo fmt --all -- --check
@@ -78,13 +82,29 @@ await_file target/prebuild-tests.rc target/prebuild-tests.log "the Go builds the
 tests/cluster/down.sh >/dev/null 2>&1 || true
 tests/cluster/up.sh >/dev/null
 
-phase "tests (unit and end to end)"
+phase "tests (unit and end to end); the VM lab's smoke suite beside them"
+# The VM lab's smoke suite (an amd64 guest on cgroup v2, kinglet from its
+# .deb, a reboot offline; tests/vm/run.sh --suite full and the ARM guests
+# are separate commands) runs beside the tests, which mostly wait, once
+# the guest image is built: one emulated vCPU, niced, with a control
+# plane, bridge and registry of its own. In a process group of its own,
+# ended with the rest on an early exit (its EXIT trap tears the lab down).
+KINGLET_BIN=$KINGLET_BENCH_BIN PREBUILD=$prebuild setsid bash -c '
+  until [ -s target/prebuild-later.rc ]; do kill -0 "$PREBUILD" 2>/dev/null || break; sleep 5; done
+  if [ "$(cat target/prebuild-later.rc 2>/dev/null)" != 0 ]; then
+    echo "the guest image was not built (target/prebuild-later.log)" >target/vm-smoke.log
+    echo 1 >target/vm-smoke.rc; exit 1
+  fi
+  rc=0
+  nice -n 10 tests/vm/run.sh --arch amd64 --suite smoke >target/vm-smoke.log 2>&1 || rc=$?
+  echo "$rc" >target/vm-smoke.rc' &
+vmjob=$!
 # One test binary at a time (cargo's default); within a binary, tests share
 # the control plane and use private node names, dirs and ports.
 set +e
 cargo test --workspace --locked --no-fail-fast -- --nocapture 2>&1 | tee target/test.log
 rc=${PIPESTATUS[0]}
-phase "waiting for the conformance, add-on and guest builds"
+phase "waiting for the conformance and add-on builds"
 wait "$prebuild" || { echo "the Go builds and the guest image (tests/prebuild.sh later) failed:" >&2; tail -n 40 target/prebuild-later.log >&2; exit 1; }
 phase "conformance: the fast subset (tests/conformance/ci-specs.txt), in-process"
 # Upstream's own specs against a kinglet node (the debug build the tests
@@ -99,10 +119,10 @@ phase "add-ons: kube-proxy, CoreDNS and metrics-server on a kinglet node, in-pro
 # command).
 KINGLET_BIN=$bins/kinglet tests/addons/run.sh 2>&1 | tee target/addons-ci.log
 arc=${PIPESTATUS[0]}
-phase "the VM lab: smoke (amd64 guest, cgroup v2, kinglet from its .deb, a reboot offline)"
-# tests/vm/run.sh --suite full and the ARM guests are separate commands.
-KINGLET_BIN=$KINGLET_BENCH_BIN tests/vm/run.sh --arch amd64 --suite smoke 2>&1 | tee target/vm-smoke.log
-vrc=${PIPESTATUS[0]}
+phase "waiting for the VM lab's smoke suite"
+wait "$vmjob"
+cat target/vm-smoke.log
+vrc=$(cat target/vm-smoke.rc 2>/dev/null || echo 1)
 set -e
 summary=$(grep -E '^test result:' target/test.log || true)
 passed=$(echo "$summary" | awk '{s+=$4} END {print s+0}')

@@ -122,7 +122,7 @@ impl Registry {
             .stderr(log)
             .spawn()
             .expect("start docker-registry");
-        let r = Registry {
+        let mut r = Registry {
             dir,
             host,
             tls,
@@ -130,7 +130,7 @@ impl Registry {
             child,
         };
         let start = Instant::now();
-        while std::net::TcpStream::connect(&r.host).is_err() {
+        while !r.answers_http() {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "registry did not start:\n{}",
@@ -139,6 +139,27 @@ impl Registry {
             std::thread::sleep(Duration::from_millis(50));
         }
         r
+    }
+
+    /// Whether an HTTP server answers on the registry's port: a TCP connect
+    /// alone can succeed with nothing listening (a socket connected to
+    /// itself when the kernel picks the same port as its source), and a
+    /// registry that exited must fail the wait, not the first push.
+    fn answers_http(&mut self) -> bool {
+        use std::io::{Read, Write};
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!("docker-registry exited ({status}):\n{}", self.log());
+        }
+        let Ok(mut c) = std::net::TcpStream::connect(&self.host) else {
+            return false;
+        };
+        let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+        // A TLS registry answers a plain request with an HTTP 400 too.
+        if c.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n").is_err() {
+            return false;
+        }
+        let mut head = [0u8; 5];
+        c.read_exact(&mut head).is_ok() && &head == b"HTTP/"
     }
 
     pub fn log(&self) -> String {

@@ -1,5 +1,6 @@
 # The smoke suite, sourced by tests/vm/run.sh once the node is Ready: a
-# pod with limits on cgroup v2, logs and exec through the apiserver, and a
+# pod with limits on cgroup v2 and an httpGet readiness probe (the node
+# reaching the pod's IP), logs and exec through the apiserver, and a
 # reboot with the control plane unreachable.
 # shellcheck shell=bash
 
@@ -14,9 +15,16 @@ spec:
     image: $REGISTRY/kinglet/busybox:1
     command: [sh, -c, 'echo started; i=0; while true; do i=\$((i+1)); echo \$i >/tmp/ticks; sleep 2; done']
     resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 200m, memory: 64Mi}}
+  # Ready only when kinglet, in the guest's root network namespace,
+  # reaches the pod's IP on its bridge (an httpGet probe, as users write).
+  - name: web
+    image: $REGISTRY/kinglet/busybox:1
+    command: [sh, -c, 'mkdir -p /www && echo ok >/www/index.html && exec httpd -f -p 8080 -h /www']
+    readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2, timeoutSeconds: 5}
 YAML
 kubectl wait --for=condition=Ready pod/vm-smoke --timeout=300s >/dev/null ||
-  { kubectl describe pod vm-smoke >&2; fail "vm-smoke not Ready"; }
+  { kubectl describe pod vm-smoke >&2; vm_ssh "$VM_KEY" 'ip -br addr; ip route; networkctl list --no-pager' >&2; fail "vm-smoke not Ready"; }
+echo "vm: the node reaches its pod: httpGet readiness probe on $(kubectl get pod vm-smoke -o jsonpath='{.status.podIP}'):8080 passed"
 uid=$(kubectl get pod vm-smoke -o jsonpath='{.metadata.uid}')
 
 # The pod's cgroup on the unified hierarchy: in the Burstable tier, the
