@@ -38,9 +38,9 @@ echo "vm: container cgroup memory.max cpu.max cpu.weight: $limits"
 echo "$limits" | grep -q '^67108864 20000 100000 ' || fail "container limits on cgroup v2: got '$limits'"
 
 # Through the apiserver to the guest's kubelet API.
-kubectl logs vm-smoke | grep -qx started || fail "kubectl logs: no 'started'"
-[ "$(kubectl exec vm-smoke -- cat /proc/1/cmdline | tr '\0' ' ')" != "" ] || fail "kubectl exec printed nothing"
-kubectl exec vm-smoke -- sh -c 'test -s /tmp/ticks' || fail "kubectl exec: /tmp/ticks missing"
+kubectl logs vm-smoke -c app | grep -qx started || fail "kubectl logs: no 'started'"
+[ "$(kubectl exec vm-smoke -c app -- cat /proc/1/cmdline | tr '\0' ' ')" != "" ] || fail "kubectl exec printed nothing"
+kubectl exec vm-smoke -c app -- sh -c 'test -s /tmp/ticks' || fail "kubectl exec: /tmp/ticks missing"
 echo "vm: kubectl logs and exec through the apiserver work"
 
 # The eviction manager's cgroup v2 events: memory.events and the pods'
