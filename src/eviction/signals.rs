@@ -12,22 +12,9 @@ use std::path::{Path, PathBuf};
 use super::thresholds::{Observation, Observations};
 use crate::node::host::{HostPaths, fs_stats};
 
-/// The cgroup hierarchy of the host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hierarchy {
-    V1,
-    V2,
-}
-
-impl Hierarchy {
-    pub fn detect(mount: &Path) -> Hierarchy {
-        if mount.join("cgroup.controllers").exists() {
-            Hierarchy::V2
-        } else {
-            Hierarchy::V1
-        }
-    }
-}
+/// The cgroup hierarchy of the host (detected in one place for the agent
+/// and both runtimes).
+pub use kinglet_runtime::podcgroup::Hierarchy;
 
 /// A memory cgroup: where its usage and statistics are read.
 #[derive(Clone, Debug)]

@@ -10,6 +10,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use kinglet_runtime::podcgroup::Hierarchy;
+
 /// The pod cgroups under `mount` (the cgroup filesystem: v2's root, or
 /// v1's hierarchies below it) of the UIDs in `gone`. (Only pods this node
 /// ran are judged: several agents may share the pods' cgroup, as the
@@ -20,7 +22,7 @@ pub fn of(mount: &Path, pods_cgroup: &str, gone: &BTreeSet<String>) -> Vec<(Stri
         r => r,
     };
     let mut bases = vec![mount.to_path_buf()];
-    if !mount.join("cgroup.controllers").exists() {
+    if Hierarchy::detect(mount) == Hierarchy::V1 {
         bases = dirs(mount);
     }
     let mut found = Vec::new();

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use kinglet_runtime::podcgroup::Hierarchy;
 use kinglet_runtime::{ContainerState, Runtime};
 
 use crate::pods::StatusView;
@@ -517,7 +518,7 @@ fn cgroup_psi(
     uids: &std::collections::BTreeSet<String>,
     running: Vec<(String, String, String, i32)>,
 ) -> (HashMap<String, Psi>, ContainerPsi) {
-    if !cgroup_root.join("cgroup.controllers").exists() {
+    if Hierarchy::detect(cgroup_root) == Hierarchy::V1 {
         return Default::default();
     }
     let pod_dirs: HashMap<String, PathBuf> =

@@ -6,8 +6,30 @@
 //! sandbox; the pod cgroup goes with the sandbox, as before.
 //! [`make_v2`] is also how kinglet makes the pods' own cgroup on v2
 //! (`node::cgroups`): each level enabling the controllers below it.
+//! [`Hierarchy::detect`] is the one cgroup v1/v2 check of the agent, its
+//! eviction manager and both runtimes.
 
 use std::path::{Path, PathBuf};
+
+/// The cgroup hierarchy mounted at a root (normally `/sys/fs/cgroup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// Per-controller hierarchies (`<root>/memory`, `<root>/pids`, ...).
+    V1,
+    /// The unified hierarchy (`cgroup.controllers` at the root).
+    V2,
+}
+
+impl Hierarchy {
+    /// V2 where the root holds `cgroup.controllers`, V1 otherwise.
+    pub fn detect(root: &Path) -> Hierarchy {
+        if root.join("cgroup.controllers").exists() {
+            Hierarchy::V2
+        } else {
+            Hierarchy::V1
+        }
+    }
+}
 
 /// Creates the pod's cgroup in the pids controller's hierarchy (v1:
 /// `<root>/pids/<parent>`; v2: `<root>/<parent>`, with `pids` enabled for
@@ -21,7 +43,7 @@ pub fn set_pids_limit(root: &Path, parent: &str, limit: i64) -> std::io::Result<
             "a pod cgroup needs a parent",
         ));
     }
-    let dir = if root.join("cgroup.controllers").exists() {
+    let dir = if Hierarchy::detect(root) == Hierarchy::V2 {
         make_v2(root, rel, &["pids"])?
     } else {
         let dir = root.join("pids").join(rel);

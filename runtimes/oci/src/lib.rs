@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
-use kinglet_runtime::podcgroup;
+use kinglet_runtime::podcgroup::{self, Hierarchy};
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, FsUsage,
     ImageFailure, ImageInfo, PullAuth, Runtime, RuntimeCondition, RuntimeError, RuntimeStatus,
@@ -45,23 +45,14 @@ use monitor::{Client, Request};
 /// The name reported in `nodeInfo.containerRuntimeVersion`.
 pub const RUNTIME_NAME: &str = "kinglet-oci";
 
-/// Which cgroup hierarchy the host offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CgroupMode {
-    /// The unified hierarchy (`cgroup.controllers` at the mount root).
-    V2,
-    /// Per-controller hierarchies (a `memory` controller directory).
-    V1,
-}
-
-/// Detects the cgroup hierarchy mounted at `root` (normally `/sys/fs/cgroup`).
-pub fn detect_cgroups(root: &Path) -> Option<CgroupMode> {
-    if root.join("cgroup.controllers").is_file() {
-        Some(CgroupMode::V2)
-    } else if root.join("memory").is_dir() {
-        Some(CgroupMode::V1)
-    } else {
-        None
+/// The cgroup hierarchy mounted at `root` (normally `/sys/fs/cgroup`), or
+/// none where neither the unified hierarchy nor a v1 `memory` controller
+/// is there to run containers in.
+pub fn detect_cgroups(root: &Path) -> Option<Hierarchy> {
+    match Hierarchy::detect(root) {
+        Hierarchy::V2 => Some(Hierarchy::V2),
+        Hierarchy::V1 if root.join("memory").is_dir() => Some(Hierarchy::V1),
+        Hierarchy::V1 => None,
     }
 }
 
@@ -397,7 +388,7 @@ impl OciRuntime {
         }
         let parent = parent.trim_start_matches('/');
         match detect_cgroups(&self.cgroup_root) {
-            Some(CgroupMode::V2) => rmdir_cgroups(&self.cgroup_root.join(parent)),
+            Some(Hierarchy::V2) => rmdir_cgroups(&self.cgroup_root.join(parent)),
             _ => {
                 if let Ok(rd) = std::fs::read_dir(&self.cgroup_root) {
                     for e in rd.flatten() {
@@ -757,7 +748,7 @@ fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
             .unwrap_or(0)
     };
     let path = path.trim_start_matches('/');
-    let (cpu, usage, inactive): (u64, u64, u64) = if root.join("cgroup.controllers").exists() {
+    let (cpu, usage, inactive): (u64, u64, u64) = if Hierarchy::detect(root) == Hierarchy::V2 {
         let dir = root.join(path);
         let mem = read(dir.join("memory.stat"));
         (
@@ -1517,9 +1508,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(detect_cgroups(dir.path()), None);
         std::fs::create_dir(dir.path().join("memory")).unwrap();
-        assert_eq!(detect_cgroups(dir.path()), Some(CgroupMode::V1));
+        assert_eq!(detect_cgroups(dir.path()), Some(Hierarchy::V1));
         std::fs::write(dir.path().join("cgroup.controllers"), "cpu memory").unwrap();
-        assert_eq!(detect_cgroups(dir.path()), Some(CgroupMode::V2));
+        assert_eq!(detect_cgroups(dir.path()), Some(Hierarchy::V2));
     }
 
     fn runtime(dir: &Path, cg: &Path, state: &str) -> OciRuntime {

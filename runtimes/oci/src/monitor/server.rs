@@ -9,6 +9,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
+use kinglet_runtime::podcgroup::Hierarchy;
+
 use super::adopt::{self, Adopted};
 use super::logs::{LineSplitter, LogFile};
 use super::{ContainerRecord, ErrorKind, Event, Request, Response, socket_path};
@@ -200,8 +202,8 @@ fn oom_kills(file: &Path) -> u64 {
 /// Where the OOM counter of the container's cgroup lives.
 fn oom_file_for(bundle: &Path) -> Option<PathBuf> {
     let cg = container::cgroups_path(bundle)?;
-    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-    Some(if v2 {
+    let root = Path::new("/sys/fs/cgroup");
+    Some(if Hierarchy::detect(root) == Hierarchy::V2 {
         Path::new("/sys/fs/cgroup").join(cg).join("memory.events")
     } else {
         Path::new("/sys/fs/cgroup/memory")
