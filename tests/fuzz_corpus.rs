@@ -15,6 +15,8 @@ mod image_reference;
 mod layer;
 #[path = "../fuzz/bodies/manifest.rs"]
 mod manifest;
+#[path = "../fuzz/bodies/spdy_frame.rs"]
+mod spdy_frame;
 
 /// Runs every input of `target`'s corpus through `run`; prints how many.
 fn replay(target: &str, run: fn(&[u8])) {
@@ -66,4 +68,9 @@ fn layer_corpus() {
 #[test]
 fn manifest_corpus() {
     replay("manifest", manifest::run);
+}
+
+#[test]
+fn spdy_frame_corpus() {
+    replay("spdy_frame", spdy_frame::run);
 }

@@ -79,6 +79,12 @@ fn proto(m: impl Into<String>) -> SpdyError {
     SpdyError::Protocol(m.into())
 }
 
+impl Default for HeaderCodec {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl HeaderCodec {
     pub fn new() -> Self {
         let mut compress = Compress::new(Compression::default(), true);

@@ -16,7 +16,8 @@
 //! memory).
 
 mod dictionary;
-mod frame;
+/// Public for the fuzz target (`fuzz/bodies/spdy_frame.rs`).
+pub mod frame;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
