@@ -2,7 +2,7 @@
 //! is the edge that runs them; the fuzz targets (`fuzz/`) reach the
 //! parsers here that take untrusted input.
 
-mod backoff;
+pub use kinglet_runtime::backoff;
 mod certificate;
 pub mod config;
 pub mod demo;

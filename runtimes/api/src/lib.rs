@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+pub mod backoff;
 pub mod disk;
 pub mod exec;
 pub mod fake;

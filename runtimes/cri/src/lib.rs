@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use kinglet_runtime::backoff::Backoff;
 use kinglet_runtime::exec::{ExecOptions, ExecSession, PortStream};
 use kinglet_runtime::{
     BoxFuture, ConditionKind, ContainerConfig, ContainerState, ContainerStatus, ExecResult,
@@ -184,8 +185,9 @@ impl CriRuntime {
     /// 10 s for a runtime that offers events.
     pub async fn watch_events(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let mut delay = Duration::from_secs(1);
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
         loop {
+            let mut no_stream_ever = false;
             let mut client = self.rt();
             let stream = tokio::select! {
                 _ = &mut shutdown => return,
@@ -194,7 +196,7 @@ impl CriRuntime {
             match stream {
                 Ok(s) => {
                     info!("container runtime streams container events");
-                    delay = Duration::from_secs(1);
+                    backoff.reset();
                     let mut s = s.into_inner();
                     loop {
                         tokio::select! {
@@ -212,12 +214,17 @@ impl CriRuntime {
                 Err(s) if s.code() == tonic::Code::Unimplemented => {
                     info!("container runtime has no container events: relisting every second");
                     // No stream will ever come: the wake-ups below, forever.
-                    delay = Duration::MAX;
+                    no_stream_ever = true;
                 }
                 Err(_) => {}
             }
             // Meanwhile, a relist every second (the stream's back-off can
             // be long; without a stream at all it lasts).
+            let delay = if no_stream_ever {
+                Duration::MAX
+            } else {
+                backoff.next_delay()
+            };
             let until = tokio::time::Instant::now().checked_add(delay);
             while until.is_none_or(|u| tokio::time::Instant::now() < u) {
                 tokio::select! {
@@ -225,7 +232,6 @@ impl CriRuntime {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => self.changes.notify_one(),
                 }
             }
-            delay = delay.saturating_mul(2).min(Duration::from_secs(30));
         }
     }
 

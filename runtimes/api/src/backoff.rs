@@ -1,7 +1,8 @@
 //! The one back-off of kinglet: a wait that doubles from `initial` up to
-//! `max`, remembered with when it started. Two uses, one type:
-//! - retry loops that talk to the API server ([`Backoff::new`]) add up to
-//!   +50% jitter, so many nodes restarting together do not retry in
+//! `max`, remembered with when it started. Here, in the runtime interface
+//! crate, so that the agent and the runtimes share it. Two uses, one type:
+//! - retry loops that talk to the API server or to containerd
+//!   ([`Backoff::new`]) add up to +50% jitter, so many nodes restarting together do not retry in
 //!   lockstep;
 //! - the pod lifecycle's per-container back-offs ([`Backoff::steady`],
 //!   upstream's `flowcontrol.Backoff`: crash loops, image pulls, creation
