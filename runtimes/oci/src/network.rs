@@ -229,17 +229,10 @@ impl Cni {
         }
         std::fs::create_dir_all(&self.cache_dir).map_err(|e| CniError(e.to_string()))?;
         let cache = json!({"list": list, "result": prev, "portMappings": port_mappings});
-        std::fs::write(
-            self.cache_dir.join(format!("{id}.json")),
-            serde_json::to_vec(&cache).unwrap_or_default(),
-        )
-        .map_err(|e| CniError(e.to_string()))?;
-        let ip = prev["ips"]
-            .as_array()
-            .and_then(|ips| ips.first())
-            .and_then(|i| i["address"].as_str())
-            .map(|a| a.split('/').next().unwrap_or(a).to_string());
-        Ok(ip)
+        // Whole or not at all: a torn cache would make DEL guess.
+        crate::write_json_atomic(&self.cache_dir.join(format!("{id}.json")), &cache)
+            .map_err(|e| CniError(e.to_string()))?;
+        Ok(pod_ip(&prev))
     }
 
     /// DEL, in reverse order, with the cached ADD result; idempotent.
@@ -265,6 +258,13 @@ impl Cni {
         let _ = std::fs::remove_file(cache_file);
         Ok(())
     }
+}
+
+/// The pod's IP in a CNI result (spec 1.0: `ips[].address` in CIDR form):
+/// the first address, without its prefix length.
+fn pod_ip(result: &Value) -> Option<String> {
+    let address = result["ips"].as_array()?.first()?["address"].as_str()?;
+    Some(address.split('/').next().unwrap_or(address).to_string())
 }
 
 /// The namespaces a pod's containers share, each bound to a file so that
@@ -376,4 +376,178 @@ pub async fn connect_in(
         .await
         .map_err(|_| std::io::Error::other("port-forward thread ended"))??;
     tokio::net::TcpStream::from_std(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A plugin that records its command and input in `dir/log` and
+    /// `dir/<type>.<command>.json`, then answers `result` (or fails with a
+    /// CNI error when `result` is `FAIL`).
+    ///
+    /// Tests that write or run plugins hold [`PLUGINS`]: a plugin written
+    /// while another test forks could be inherited open for writing by the
+    /// child until its exec, and running it then fails with ETXTBSY.
+    fn fake_plugin(bin: &Path, kind: &str, result: &str) {
+        let answer = if result == "FAIL" {
+            "echo '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no addresses left\",\"details\":\"in range\"}'; exit 1".to_string()
+        } else {
+            format!("echo '{result}'")
+        };
+        let script = format!(
+            "#!/bin/sh\nd=$(dirname \"$0\")\necho \"$CNI_COMMAND {kind} $CNI_IFNAME $CNI_CONTAINERID\" >>\"$d/log\"\ncat >\"$d/{kind}.$CNI_COMMAND.json\"\n{answer}\n"
+        );
+        let p = bin.join(kind);
+        std::fs::write(&p, script).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    static PLUGINS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    const BRIDGE_RESULT: &str = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.88.0.7/16","gateway":"10.88.0.1"}]}"#;
+
+    fn lab(bridge: &str) -> (tempfile::TempDir, Cni) {
+        let d = tempfile::tempdir().unwrap();
+        let bin = d.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        fake_plugin(&bin, "loopback", r#"{"cniVersion":"1.0.0"}"#);
+        fake_plugin(&bin, "bridge", bridge);
+        fake_plugin(&bin, "portmap", BRIDGE_RESULT);
+        let cni = Cni {
+            conf_dir: d.path().join("net.d"),
+            bin_dirs: vec![d.path().join("missing"), bin],
+            cache_dir: d.path().join("cache"),
+        };
+        let list = default_conflist("kl0", "10.88.0.0/16", &d.path().join("ipam"));
+        assert!(cni.install_default(&list).unwrap());
+        (d, cni)
+    }
+
+    fn read_json(p: &Path) -> Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_first_config_by_name_is_used_and_a_single_plugin_is_listed() {
+        let d = tempfile::tempdir().unwrap();
+        let cni = Cni {
+            conf_dir: d.path().to_path_buf(),
+            bin_dirs: vec![],
+            cache_dir: d.path().join("cache"),
+        };
+        assert!(cni.conflist().unwrap_err().0.contains("no network config"));
+        std::fs::write(d.path().join("README"), "not a config").unwrap();
+        std::fs::write(
+            d.path().join("20-other.conflist"),
+            r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("10-single.conf"),
+            r#"{"cniVersion":"0.4.0","name":"single","type":"ptp"}"#,
+        )
+        .unwrap();
+        let list = cni.conflist().unwrap();
+        assert_eq!(list["name"], "single");
+        assert_eq!(list["cniVersion"], "0.4.0");
+        assert_eq!(list["plugins"][0]["type"], "ptp");
+        // A config is there: the default is not installed over it.
+        assert!(!cni.install_default(&json!({})).unwrap());
+        std::fs::write(d.path().join("05-broken.conflist"), "{").unwrap();
+        assert!(cni.conflist().unwrap_err().0.contains("05-broken.conflist"));
+    }
+
+    #[tokio::test]
+    async fn ready_needs_every_plugin_and_loopback() {
+        let _plugins = PLUGINS.lock().await;
+        let (d, cni) = lab(BRIDGE_RESULT);
+        cni.ready().unwrap();
+        std::fs::remove_file(d.path().join("bin/portmap")).unwrap();
+        assert!(cni.ready().unwrap_err().0.contains("\"portmap\" not found"));
+        fake_plugin(&d.path().join("bin"), "portmap", "{}");
+        std::fs::remove_file(d.path().join("bin/loopback")).unwrap();
+        assert!(cni.ready().unwrap_err().0.contains("loopback"));
+    }
+
+    #[test]
+    fn a_result_gives_the_first_address_without_its_prefix() {
+        assert_eq!(
+            pod_ip(&serde_json::from_str(BRIDGE_RESULT).unwrap()).as_deref(),
+            Some("10.88.0.7")
+        );
+        let v6 = json!({"ips": [{"address": "fd00::5/64"}, {"address": "10.0.0.2/24"}]});
+        assert_eq!(pod_ip(&v6).as_deref(), Some("fd00::5"));
+        assert_eq!(pod_ip(&json!({"ips": []})), None);
+        assert_eq!(pod_ip(&json!({"ips": [{"address": 7}]})), None);
+        assert_eq!(pod_ip(&Value::Null), None);
+    }
+
+    #[tokio::test]
+    async fn add_chains_results_and_del_replays_the_cache_in_reverse() {
+        let _plugins = PLUGINS.lock().await;
+        let (d, cni) = lab(BRIDGE_RESULT);
+        let pod = PodRef {
+            namespace: "ns".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+        };
+        let ports = json!([{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]);
+        let netns = d.path().join("netns");
+        let ip = cni.add("c1", &netns, &pod, &ports).await.unwrap();
+        assert_eq!(ip.as_deref(), Some("10.88.0.7"));
+        let bin = d.path().join("bin");
+        // Each plugin got the list's name and version; portmap the
+        // bridge's result and the port mappings it asks for.
+        let bridge_in = read_json(&bin.join("bridge.ADD.json"));
+        assert_eq!(bridge_in["name"], "kinglet");
+        assert_eq!(bridge_in["cniVersion"], "1.0.0");
+        assert!(bridge_in.get("prevResult").is_none());
+        assert!(bridge_in.get("runtimeConfig").is_none());
+        let portmap_in = read_json(&bin.join("portmap.ADD.json"));
+        assert_eq!(
+            portmap_in["prevResult"]["ips"][0]["address"],
+            "10.88.0.7/16"
+        );
+        assert_eq!(portmap_in["runtimeConfig"]["portMappings"], ports);
+        // DEL from a fresh Cni (a restart) after the config changed: the
+        // cached list and result are what DEL gets, in reverse order.
+        std::fs::remove_file(cni.conf_dir.join("10-kinglet.conflist")).unwrap();
+        let again = cni.clone();
+        again.del("c1", &netns, &pod).await.unwrap();
+        let portmap_del = read_json(&bin.join("portmap.DEL.json"));
+        assert_eq!(
+            portmap_del["prevResult"]["ips"][0]["address"],
+            "10.88.0.7/16"
+        );
+        assert_eq!(portmap_del["runtimeConfig"]["portMappings"], ports);
+        let log = std::fs::read_to_string(bin.join("log")).unwrap();
+        assert_eq!(
+            log,
+            "ADD loopback lo c1\nADD bridge eth0 c1\nADD portmap eth0 c1\nDEL portmap eth0 c1\nDEL bridge eth0 c1\n"
+        );
+        assert!(
+            !cni.cache_dir.join("c1.json").exists(),
+            "the cache outlived DEL"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_plugin_is_reported_with_its_cni_error() {
+        let _plugins = PLUGINS.lock().await;
+        let (d, cni) = lab("FAIL");
+        let e = cni
+            .add(
+                "c2",
+                &d.path().join("netns"),
+                &PodRef::default(),
+                &json!([]),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.0, "plugin bridge ADD failed: no addresses left in range");
+        assert!(!cni.cache_dir.join("c2.json").exists());
+    }
 }
