@@ -140,3 +140,190 @@ async fn renew(
     *cached = Some(updated);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The lease loop against an in-process fake API server, in paused
+    //! time: the renewal period, the owner reference once the node is
+    //! registered, the back-off while the API fails and the way back.
+
+    use std::sync::{Arc, Mutex};
+
+    use kube::client::Body;
+    use serde_json::{Value, json};
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// What the fake API server saw: method, path, when, and the body.
+    type Seen = Vec<(String, String, Instant, Value)>;
+
+    #[derive(Default)]
+    struct FakeApi {
+        seen: Seen,
+        /// Every call answers 500 while set.
+        failing: bool,
+        lease: Option<Value>,
+    }
+
+    fn status(code: u16, reason: &str) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason})
+    }
+
+    fn client(api: Arc<Mutex<FakeApi>>) -> Client {
+        let svc = tower::service_fn(move |req: http::Request<Body>| {
+            let api = api.clone();
+            async move {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect_bytes().await?;
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let mut api = api.lock().unwrap();
+                api.seen
+                    .push((method.clone(), path, Instant::now(), body.clone()));
+                let (code, answer) = match method.as_str() {
+                    _ if api.failing => (500, status(500, "InternalError")),
+                    "GET" => match &api.lease {
+                        Some(l) => (200, l.clone()),
+                        None => (404, status(404, "NotFound")),
+                    },
+                    _ => {
+                        api.lease = Some(body.clone());
+                        (if method == "POST" { 201 } else { 200 }, body)
+                    }
+                };
+                let response = http::Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap();
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        Client::new(svc, "default")
+    }
+
+    /// Lets paused time run in small steps until `done` holds of what the
+    /// API saw (a blocking write of the offline file may take real time,
+    /// during which tokio moves the paused clock on).
+    async fn until(api: &Arc<Mutex<FakeApi>>, what: &str, done: impl Fn(&Seen) -> bool) {
+        let start = Instant::now();
+        while !done(&api.lock().unwrap().seen) {
+            assert!(start.elapsed() < Duration::from_secs(120), "never: {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn methods(seen: &[(String, String, Instant, Value)]) -> Vec<&str> {
+        seen.iter().map(|(m, ..)| m.as_str()).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_quarter_backs_off_while_failing_and_comes_back() {
+        let api = Arc::new(Mutex::new(FakeApi::default()));
+        let (uid_tx, uid_rx) = watch::channel(None);
+        let dir = tempfile::tempdir().unwrap();
+        let link = crate::health::ApiLink::new(dir.path().join("offline-since"));
+        let shutdown = CancellationToken::new();
+        let start = Instant::now();
+        let task = tokio::spawn(run(
+            client(api.clone()),
+            "n1".into(),
+            40,
+            Duration::from_secs(10),
+            uid_rx,
+            link.clone(),
+            shutdown.clone(),
+        ));
+
+        // Created at once (no lease yet), then replaced every 10 s.
+        until(&api, "three renewals", |s| s.len() >= 5).await;
+        {
+            let a = api.lock().unwrap();
+            assert_eq!(methods(&a.seen), ["GET", "POST", "PUT", "PUT", "PUT"]);
+            assert_eq!(
+                a.seen[0].1,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1"
+            );
+            for (i, at) in [0u64, 0, 10, 20, 30].iter().enumerate() {
+                assert_eq!(a.seen[i].2 - start, Duration::from_secs(*at), "call {i}");
+            }
+            let spec = &a.seen[4].3["spec"];
+            assert_eq!(spec["holderIdentity"], "n1");
+            assert_eq!(spec["leaseDurationSeconds"], 40);
+            assert!(a.seen[4].3["metadata"].get("ownerReferences").is_none());
+        }
+
+        // The node registers: renewed at once with its owner reference.
+        uid_tx.send(Some("uid-1".into())).unwrap();
+        until(&api, "the owner reference", |s| s.len() >= 6).await;
+        {
+            let a = api.lock().unwrap();
+            let (m, _, at, body) = &a.seen[5];
+            assert_eq!(m, "PUT");
+            assert!(*at - start < Duration::from_secs(40), "{:?}", *at - start);
+            assert_eq!(
+                body["metadata"]["ownerReferences"],
+                json!([{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "uid-1"}])
+            );
+        }
+
+        // The API fails: retries from 200 ms, doubling (up to +50%
+        // jitter), capped at 7 s; each retry reads the lease anew.
+        let failed_from = {
+            let mut a = api.lock().unwrap();
+            a.failing = true;
+            a.seen.len()
+        };
+        until(&api, "eight failed attempts", |s| {
+            s.len() >= failed_from + 8
+        })
+        .await;
+        assert!(link.offline_since().is_some(), "not offline while failing");
+        {
+            let a = api.lock().unwrap();
+            let tries = &a.seen[failed_from..failed_from + 8];
+            assert_eq!(methods(&a.seen[failed_from..failed_from + 1]), ["PUT"]);
+            assert!(tries[1..].iter().all(|(m, ..)| m == "GET"));
+            // The first wait may include the offline file's blocking
+            // write; the rest are the back-off's alone.
+            for (i, pair) in tries.windows(2).enumerate().skip(1) {
+                let gap = pair[1].2 - pair[0].2;
+                let base = Duration::from_millis(200 * (1 << i)).min(Duration::from_secs(7));
+                let most = base.mul_f64(1.5).min(Duration::from_secs(7));
+                assert!(
+                    gap >= base && gap <= most,
+                    "wait {i}: {gap:?}, not in {base:?}..{most:?}"
+                );
+            }
+        }
+
+        // Back: the next try reads the lease, replaces it, and the link is
+        // online again; then the period is 10 s again.
+        let back_from = {
+            let mut a = api.lock().unwrap();
+            a.failing = false;
+            a.seen.len()
+        };
+        until(&api, "a renewal after the outage", |s| {
+            s.len() >= back_from + 3
+        })
+        .await;
+        assert_eq!(link.offline_since(), None, "still offline once renewed");
+        {
+            let a = api.lock().unwrap();
+            assert_eq!(
+                methods(&a.seen[back_from..back_from + 3]),
+                ["GET", "PUT", "PUT"]
+            );
+            let gap = a.seen[back_from + 2].2 - a.seen[back_from + 1].2;
+            assert!(gap >= Duration::from_secs(10), "{gap:?}");
+        }
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(1), task)
+            .await
+            .expect("the loop ends at shutdown")
+            .unwrap();
+    }
+}
