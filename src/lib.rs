@@ -3,7 +3,7 @@
 //! parsers here that take untrusted input.
 
 pub use kinglet_runtime::backoff;
-mod certificate;
+pub mod certificate;
 pub mod config;
 pub mod demo;
 mod dirwatch;

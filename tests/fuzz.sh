@@ -16,7 +16,7 @@ NIGHTLY=nightly-2026-05-20
 secs=${1:-30}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config manifest image_reference layer api_request spdy_frame)
+[ ${#targets[@]} -gt 0 ] || targets=(config manifest image_reference layer api_request spdy_frame cert_der)
 rustup toolchain list | grep -q "^$NIGHTLY" || rustup toolchain install "$NIGHTLY" --profile minimal >&2
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked >&2
 export CARGO_TARGET_DIR=${KINGLET_FUZZ_TARGET_DIR:-/var/cache/kinglet/fuzz-target}

@@ -7,6 +7,8 @@
 
 #[path = "../fuzz/bodies/api_request.rs"]
 mod api_request;
+#[path = "../fuzz/bodies/cert_der.rs"]
+mod cert_der;
 #[path = "../fuzz/bodies/config.rs"]
 mod config;
 #[path = "../fuzz/bodies/image_reference.rs"]
@@ -73,4 +75,9 @@ fn manifest_corpus() {
 #[test]
 fn spdy_frame_corpus() {
     replay("spdy_frame", spdy_frame::run);
+}
+
+#[test]
+fn cert_der_corpus() {
+    replay("cert_der", cert_der::run);
 }
