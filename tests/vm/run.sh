@@ -46,6 +46,9 @@ work=$(mktemp -d /tmp/kinglet-vm.XXXXXX)
 export KINGLET_CLUSTER_DIR=$work/cluster KINGLET_ETCD_PORT=12479 KINGLET_ETCD_PEER_PORT=12480 \
   KINGLET_APISERVER_PORT=16543 KINGLET_KCM_PORT=20357 KINGLET_SCHEDULER_PORT=20359 \
   KINGLET_APISERVER_ADVERTISE=$VM_HOST_IP KINGLET_METRICS_SERVER=none
+# A kept run keeps its control plane's logs (the audit log says who did
+# what) and etcd data too.
+[ "${KINGLET_VM_KEEP:-0}" = 1 ] && export KINGLET_CLUSTER_KEEP_DATA=1
 REGISTRY=$VM_HOST_IP:15000
 GATE_COMMENT=kinglet-test-gate-vm
 export VM_ROOT=$root VM_WORK=$work VM_KEY=$key VM_ARCH=$arch VM_RUNTIME=$runtime REGISTRY GATE_COMMENT
