@@ -7,6 +7,14 @@
 # shellcheck shell=bash
 
 img=$REGISTRY/kinglet/busybox:1
+# Pods meant to ride out a long outage tolerate the node's unreachable and
+# not-ready taints without a time limit, as edge users set them: a lone
+# node's control plane may taint it NoExecute (upstream's full-disruption
+# mode does not always hold it back, kubernetes issue 111385), and after
+# the default 300 s the taint eviction deletes every pod without such a
+# toleration, which kinglet then removes once back online, as the kubelet
+# does. The offline part of this suite lasts longer than that.
+offline='[{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute}, {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute}]'
 # Every pod writes a counter where its volume is, once a second.
 writer='i=0; while true; do i=$((i+1)); echo $i >"$OUT"; sleep 1; done'
 kubectl apply -f - >/dev/null <<YAML
@@ -30,6 +38,7 @@ spec:
     metadata: {labels: {app: vm-web}}
     spec:
       terminationGracePeriodSeconds: 2
+      tolerations: $offline
       containers:
       - {name: web, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /tmp/n}],
          resources: {requests: {cpu: 10m, memory: 8Mi}, limits: {memory: 32Mi}}}
@@ -39,6 +48,7 @@ kind: Pod
 metadata: {name: vm-configmap}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - {name: c, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /tmp/n}],
      volumeMounts: [{name: cfg, mountPath: /cfg}]}
@@ -49,6 +59,7 @@ kind: Pod
 metadata: {name: vm-secret}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - {name: c, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /tmp/n}],
      volumeMounts: [{name: s, mountPath: /secret}]}
@@ -59,6 +70,7 @@ kind: Pod
 metadata: {name: vm-token}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - {name: c, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /tmp/n}],
      volumeMounts: [{name: t, mountPath: /token}]}
@@ -71,6 +83,7 @@ kind: Pod
 metadata: {name: vm-tmpfs}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - {name: c, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /mem/n}],
      volumeMounts: [{name: mem, mountPath: /mem}]}
@@ -81,6 +94,7 @@ kind: Pod
 metadata: {name: vm-ready}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - name: c
     image: $img
@@ -95,6 +109,7 @@ kind: Pod
 metadata: {name: vm-static, namespace: default}
 spec:
   terminationGracePeriodSeconds: 2
+  tolerations: $offline
   containers:
   - {name: c, image: $img, command: [sh, -c, '$writer'], env: [{name: OUT, value: /tmp/n}]}
 YAML
