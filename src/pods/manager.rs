@@ -397,7 +397,7 @@ const POD_CGROUP_SWEEP_PERIOD: Duration = Duration::from_secs(10);
 /// How often the API's copy of each pod's status is compared with the
 /// last one written (upstream's status manager `syncPeriod`, 10 s): at
 /// most one extra write per pod and period, and only where they differ.
-const STATUS_RECONCILE_PERIOD: Duration = Duration::from_secs(10);
+const STATUS_RECONCILE_PERIOD: Duration = super::status_manager::WATCH_LAG;
 
 /// Upstream's `ContainerGCPeriod` (one minute).
 const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);

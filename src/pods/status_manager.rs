@@ -17,10 +17,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::api_writer::ApiWriter;
 use crate::fsutil::write_private_atomic;
+
+/// How long a write may take to come back through the watch: the
+/// manager's reconcile period.
+pub const WATCH_LAG: Duration = Duration::from_secs(10);
 
 /// What `kinglet pods ls` reads: `<root-dir>/pods/<uid>.json`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -143,6 +148,9 @@ pub struct StatusManager {
     /// The pods whose status this run computed (not only adopted from the
     /// record of the last): the only ones reconciled with the API.
     computed: HashSet<String>,
+    /// When each pod's status was last queued for the API: the watch may
+    /// not have brought a write back yet, so a reconcile waits a period.
+    written: HashMap<String, Instant>,
     view: StatusView,
     api: Option<ApiWriter>,
     /// Where a pod's first start to Running is observed
@@ -165,6 +173,7 @@ impl StatusManager {
             dir,
             latest: HashMap::new(),
             computed: HashSet::new(),
+            written: HashMap::new(),
             view: StatusView::default(),
             api,
             metrics: None,
@@ -221,6 +230,7 @@ impl StatusManager {
         if let Some(api) = &self.api {
             api.status(pod, &status);
         }
+        self.written.insert(uid.to_string(), Instant::now());
         self.latest.insert(uid.to_string(), status);
         self.computed.insert(uid.to_string());
     }
@@ -238,6 +248,17 @@ impl StatusManager {
         let Some(ours) = self.latest.get(uid).filter(|_| self.computed.contains(uid)) else {
             return false;
         };
+        // The API's copy comes through the watch, which lags behind a
+        // write: one written less than a reconcile period ago is not
+        // written twice (a pod being deleted would cost the API an extra
+        // request for nothing).
+        if self
+            .written
+            .get(uid)
+            .is_some_and(|t| t.elapsed() < WATCH_LAG)
+        {
+            return false;
+        }
         if same_by_kubelet(ours, in_api) {
             return false;
         }
@@ -281,6 +302,7 @@ impl StatusManager {
     pub fn forget(&mut self, uid: &str) {
         self.latest.remove(uid);
         self.computed.remove(uid);
+        self.written.remove(uid);
         self.view.write().remove(uid);
         if let Some(p) = record_path(&self.dir, uid) {
             let _ = std::fs::remove_file(p);
@@ -433,13 +455,20 @@ mod tests {
 
     /// The node lifecycle controller marked the pod not Ready while the
     /// node was away; kinglet's own status never changed since.
-    #[test]
-    fn a_status_the_api_shows_otherwise_is_written_again() {
+    #[tokio::test(start_paused = true)]
+    async fn a_status_the_api_shows_otherwise_is_written_again() {
         let dir = tempfile::tempdir().unwrap();
         let mut m = StatusManager::new(dir.path().to_path_buf(), None);
         let pod = crate::pods::test_pod("u1");
         m.set("u1", &pod, status("True"));
         let mut in_api = m.get("u1").unwrap().clone();
+        let mut stale = in_api.clone();
+        stale.phase = Some("Pending".into());
+        assert!(
+            !m.reconcile("u1", &pod, &stale),
+            "a write the watch has not brought back yet"
+        );
+        tokio::time::advance(WATCH_LAG).await;
         assert!(!m.reconcile("u1", &pod, &in_api), "same status");
         // What the API adds or drops of its own changes nothing.
         if let Some(cs) = in_api.conditions.as_mut() {
