@@ -206,14 +206,15 @@ impl Conn {
             next_id: if client { 1 } else { 2 },
             ..Default::default()
         }));
-        tokio::spawn(write_loop(wr, out_rx));
+        let (writer_done, writer_ended) = oneshot::channel();
+        tokio::spawn(write_loop(wr, out_rx, writer_done));
         let reader = Reader {
             shared: shared.clone(),
             out: out.clone(),
             incoming: incoming_tx,
             codec: HeaderCodec::new(),
         };
-        tokio::spawn(reader.run(rd));
+        tokio::spawn(reader.run(rd, writer_ended));
         (Conn { out, shared }, incoming)
     }
 
@@ -269,8 +270,10 @@ impl Drop for Closer {
     }
 }
 
-/// Serializes frames until every sender is gone or the transport fails.
-async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Out>) {
+/// Serializes frames until every sender is gone, a GOAWAY is sent or the
+/// transport fails; then says so to the reader (dropping `done`).
+async fn write_loop<W: AsyncWrite>(wr: W, mut rx: mpsc::Receiver<Out>, done: oneshot::Sender<()>) {
+    let _done = done;
     use tokio::io::AsyncWriteExt;
     let mut wr = std::pin::pin!(wr);
     let mut codec = HeaderCodec::new();
@@ -299,10 +302,21 @@ struct Reader {
 }
 
 impl Reader {
-    async fn run<R: AsyncRead>(mut self, rd: R) {
+    /// Reads until the peer ends the transport or the writer ended (a
+    /// GOAWAY sent, or the transport failed): a connection this side gave
+    /// up is closed whole at once, not held open until the peer closes its
+    /// side (containerd's streaming server may keep an abandoned exec's
+    /// connection until the process ends).
+    async fn run<R: AsyncRead>(mut self, rd: R, writer_ended: oneshot::Receiver<()>) {
         let mut rd = std::pin::pin!(rd);
+        let mut writer_ended = std::pin::pin!(writer_ended);
         loop {
-            let f = match frame::read(&mut rd, &mut self.codec).await {
+            let read = tokio::select! {
+                biased;
+                _ = &mut writer_ended => break,
+                r = frame::read(&mut rd, &mut self.codec) => r,
+            };
+            let f = match read {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
