@@ -214,6 +214,13 @@ mod tests {
         }
     }
 
+    /// Makes every call fail (or not) from now; returns how many came before.
+    fn set_failing(api: &Arc<Mutex<FakeApi>>, failing: bool) -> usize {
+        let mut a = api.lock().unwrap();
+        a.failing = failing;
+        a.seen.len()
+    }
+
     fn methods(seen: &[(String, String, Instant, Value)]) -> Vec<&str> {
         seen.iter().map(|(m, ..)| m.as_str()).collect()
     }
@@ -270,11 +277,7 @@ mod tests {
 
         // The API fails: retries from 200 ms, doubling (up to +50%
         // jitter), capped at 7 s; each retry reads the lease anew.
-        let failed_from = {
-            let mut a = api.lock().unwrap();
-            a.failing = true;
-            a.seen.len()
-        };
+        let failed_from = set_failing(&api, true);
         until(&api, "eight failed attempts", |s| {
             s.len() >= failed_from + 8
         })
@@ -300,11 +303,7 @@ mod tests {
 
         // Back: the next try reads the lease, replaces it, and the link is
         // online again; then the period is 10 s again.
-        let back_from = {
-            let mut a = api.lock().unwrap();
-            a.failing = false;
-            a.seen.len()
-        };
+        let back_from = set_failing(&api, false);
         until(&api, "a renewal after the outage", |s| {
             s.len() >= back_from + 3
         })
