@@ -771,7 +771,7 @@ fn node_context(
     client: Option<kube::Client>,
     metrics: Arc<crate::metrics::Metrics>,
     link: Option<&health::ApiLink>,
-) -> pods::convert::NodeContext {
+) -> crate::pods::worker::NodeContext {
     let cfg = &s.config;
     let node_ip = host
         .addresses
@@ -779,24 +779,29 @@ fn node_context(
         .find(|(t, _)| t == "InternalIP")
         .map(|(_, a)| a.clone())
         .unwrap_or_else(|| "127.0.0.1".into());
-    let min_oom_score_adj = pods::convert::min_oom_score_adj();
+    let min_oom_score_adj = crate::cm::qos::min_oom_score_adj();
     if min_oom_score_adj > -1000 {
         warn!(
             min = min_oom_score_adj,
             "no CAP_SYS_RESOURCE: OOM score adjustments below {min_oom_score_adj} (Guaranteed pods' -997) are raised to it"
         );
     }
-    pods::convert::NodeContext {
-        node_name: s.node_name.clone(),
-        pods_cgroup: cfg.pods_cgroup(),
-        node_ip,
-        memory_capacity: host.machine.memory_bytes,
-        cpu_capacity_milli: u64::from(host.machine.cpus) * 1000,
-        cluster_dns: cfg.cluster_dns.clone(),
-        cluster_domain: cfg.cluster_domain.clone(),
-        pod_pids_limit: cfg.pod_pids_limit,
-        log_root: s.pod_log_dir.display().to_string(),
-        volume_root: s.root_dir.join("volumes").display().to_string(),
+    crate::pods::worker::NodeContext {
+        facts: pods::util::NodeFacts {
+            node_name: s.node_name.clone(),
+            pods_cgroup: cfg.pods_cgroup(),
+            node_ip,
+            memory_capacity: host.machine.memory_bytes,
+            cpu_capacity_milli: u64::from(host.machine.cpus) * 1000,
+            cluster_dns: cfg.cluster_dns.clone(),
+            cluster_domain: cfg.cluster_domain.clone(),
+            pod_pids_limit: cfg.pod_pids_limit,
+            log_root: s.pod_log_dir.display().to_string(),
+            volume_root: s.root_dir.join("volumes").display().to_string(),
+            min_oom_score_adj,
+            container_id_scheme: id_scheme.to_string(),
+            etc_hosts: "/etc/hosts".into(),
+        },
         store: match crate::store::LocalStore::open(&s.root_dir) {
             Ok(st) => Some(Arc::new(st)),
             Err(e) => {
@@ -804,13 +809,10 @@ fn node_context(
                 None
             }
         },
-        min_oom_score_adj,
-        container_id_scheme: id_scheme.to_string(),
-        clock: pods::plan::Clock::System,
+        clock: pods::util::Clock::System,
         started: Some(tokio::time::Instant::now()),
         services: None,
         metrics,
-        etc_hosts: "/etc/hosts".into(),
         volume_sources: client.clone().map(|c| {
             Arc::new(pods::volumes::Sources {
                 objects: pods::objects::ObjectCache::new(c.clone()),
@@ -819,7 +821,7 @@ fn node_context(
             })
         }),
         objects: client.map(|c| {
-            Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn pods::convert::ObjectSource>
+            Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn crate::pods::util::ObjectSource>
         }),
     }
 }

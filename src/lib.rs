@@ -4,6 +4,7 @@
 
 pub use kinglet_runtime::backoff;
 pub mod certificate;
+pub mod cm;
 pub mod config;
 pub mod demo;
 mod dirwatch;

@@ -166,18 +166,18 @@ impl Metrics {
     }
 
     /// A certificate's time left, in seconds.
-    pub fn certificate_ttl(&self, kind: crate::certificate::Kind, secs: i64) {
+    pub fn certificate_ttl(&self, kind: crate::certificate::kind::Kind, secs: i64) {
         match kind {
-            crate::certificate::Kind::Client => self.client_ttl.set(secs),
-            crate::certificate::Kind::Serving => self.server_ttl.set(secs),
+            crate::certificate::kind::Kind::Client => self.client_ttl.set(secs),
+            crate::certificate::kind::Kind::Serving => self.server_ttl.set(secs),
         };
     }
 
     /// A failed certificate renewal.
-    pub fn certificate_renew_error(&self, kind: crate::certificate::Kind) {
+    pub fn certificate_renew_error(&self, kind: crate::certificate::kind::Kind) {
         match kind {
-            crate::certificate::Kind::Client => self.client_renew_errors.inc(),
-            crate::certificate::Kind::Serving => self.server_renew_errors.inc(),
+            crate::certificate::kind::Kind::Client => self.client_renew_errors.inc(),
+            crate::certificate::kind::Kind::Serving => self.server_renew_errors.inc(),
         };
     }
 

@@ -97,7 +97,7 @@ impl LocalStore {
     }
 
     fn pod_dir(&self, pod_uid: &str) -> Option<PathBuf> {
-        crate::pods::convert::contained_child(&self.dir.join("pods"), pod_uid)
+        crate::pods::util::contained_child(&self.dir.join("pods"), pod_uid)
     }
 
     /// The file of one value and the name sealed into it.

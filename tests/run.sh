@@ -63,6 +63,7 @@ trap 'tests/cluster/down.sh >/dev/null 2>&1 || true; kill -- -"$prebuild" 2>/dev
 phase "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+python3 tests/lint/modgraph.py
 
 phase "cross: the static x86_64 binary (15 MB budget); armv7 type-checked"
 # The ARM static builds (two more fat-LTO links, armv7's standard library

@@ -5,12 +5,12 @@
 //! (The body of fuzz_targets/cert_der.rs, shared with tests/fuzz_corpus.rs,
 //! which replays the corpus through it.)
 
-use kinglet::certificate::der::{user_of_cert, validity};
+use kinglet::certificate::der::{subject_of_cert, validity};
 
 /// One input as a certificate; a panic is a finding.
 pub fn run(data: &[u8]) {
-    if let Some(user) = user_of_cert(data) {
-        assert!(!user.name.is_empty());
+    if let Some(subject) = subject_of_cert(data) {
+        assert!(!subject.common_name.is_empty());
     }
     let _ = validity(data);
 }

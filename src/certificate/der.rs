@@ -3,13 +3,20 @@
 //! itself is verified by rustls; reading two fields does not need a full
 //! X.509 parser and its weight in the static binary.
 
-use crate::server::auth::User;
+/// An X.509 certificate's subject as the kubelet API reads a client
+/// certificate's: the common name and the organizations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subject {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+}
 
-/// The subject of an X.509 certificate as a user: CN and O entries.
+/// The subject of an X.509 certificate (its CN and O entries); `None`
+/// without a CN.
 /// (The certificate's chain is already verified by rustls; only the
 /// subject is read here, so a small DER walk does instead of a full X.509
 /// parser and its weight in the static binary.)
-pub fn user_of_cert(der: &[u8]) -> Option<User> {
+pub fn subject_of_cert(der: &[u8]) -> Option<Subject> {
     // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version?,
     //   serial, signature, issuer, validity, subject, ... } ... }
     let (cert, _) = tlv(der, 0x30)?;
@@ -21,7 +28,7 @@ pub fn user_of_cert(der: &[u8]) -> Option<User> {
         tbs = skip(tbs)?; // serial, signature, issuer, validity
     }
     let (mut name, _) = tlv(tbs, 0x30)?;
-    let mut user = User::default();
+    let mut subject = Subject::default();
     while !name.is_empty() {
         let (set, rest) = tlv(name, 0x31)?;
         name = rest;
@@ -29,12 +36,12 @@ pub fn user_of_cert(der: &[u8]) -> Option<User> {
         let (oid, rest) = tlv(atv, 0x06)?;
         let value = any_tlv(rest).and_then(|(v, _)| std::str::from_utf8(v).ok());
         match (oid, value) {
-            ([0x55, 0x04, 0x03], Some(v)) => user.name = v.to_string(),
-            ([0x55, 0x04, 0x0a], Some(v)) => user.groups.push(v.to_string()),
+            ([0x55, 0x04, 0x03], Some(v)) => subject.common_name = v.to_string(),
+            ([0x55, 0x04, 0x0a], Some(v)) => subject.organizations.push(v.to_string()),
             _ => {}
         }
     }
-    (!user.name.is_empty()).then_some(user)
+    (!subject.common_name.is_empty()).then_some(subject)
 }
 
 /// An X.509 certificate's validity (`notBefore`, `notAfter`), as Unix

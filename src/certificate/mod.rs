@@ -21,6 +21,7 @@ pub mod bootstrap;
 pub mod client;
 mod csr;
 pub mod der;
+pub mod kind;
 pub mod serving;
 
 use std::path::{Path, PathBuf};
@@ -35,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use csr::Template;
+pub use kind::Kind;
 
 /// Errors of certificates: reading, requesting, writing.
 #[derive(Debug, thiserror::Error)]
@@ -191,22 +193,6 @@ impl Store {
 
 /// What a renewed pair is handed to.
 pub type Apply = Arc<dyn Fn(&Pair) + Send + Sync>;
-
-/// Which certificate a [`Rotator`] renews, for logs, events and metrics.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Client,
-    Serving,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Client => "client",
-            Kind::Serving => "serving",
-        }
-    }
-}
 
 /// Renews one certificate before it expires (upstream's certificate
 /// manager): see the module docs.

@@ -423,9 +423,9 @@ impl Manager {
             // Its log files, where kinglet names them (`<pod log
             // dir>/<container>/<attempt>.log` and rotated ones), not where
             // the runtime says (CRI's list has no path).
-            let dir = crate::pods::convert::log_directory(&e.pod, &logs);
-            let dir = crate::pods::convert::contained_path(std::path::Path::new(&dir), &[&c.name]);
-            info!(pod = %crate::pods::convert::pod_name(&e.pod), container = %c.name, logs = ?dir, "disk pressure: a finished pod's dead container removed");
+            let dir = crate::pods::util::log_directory(&e.pod, &logs);
+            let dir = crate::pods::util::contained_path(std::path::Path::new(&dir), &[&c.name]);
+            info!(pod = %crate::pods::util::pod_name(&e.pod), container = %c.name, logs = ?dir, "disk pressure: a finished pod's dead container removed");
             if let Some(dir) = dir {
                 let prefix = format!("{}.log", c.attempt);
                 let _ = tokio::task::spawn_blocking(move || remove_logs(&dir, &prefix)).await;
@@ -442,7 +442,7 @@ impl Manager {
 
     /// Hands the victim's kill to its worker.
     async fn evict(&self, v: Victim, woke: (&'static str, Instant)) {
-        let name = crate::pods::convert::pod_name(&v.pod);
+        let name = crate::pods::util::pod_name(&v.pod);
         let decided_in = woke.1.elapsed();
         warn!(pod = %name, signal = %v.signal, woken_by = woke.0, ?decided_in, message = %v.message, "evicting");
         self.metrics
@@ -510,7 +510,7 @@ impl Manager {
                 tokio::task::spawn_blocking(move || {
                     pods.into_iter()
                         .map(|(uid, e)| {
-                            let parent = crate::pods::convert::cgroup_parent(&e.pod, &pods_cgroup);
+                            let parent = crate::cm::qos::cgroup_parent(&e.pod, &pods_cgroup);
                             let usage = pids_current(&root.join(parent));
                             plain_candidate(uid, &e, usage)
                         })
@@ -723,7 +723,7 @@ fn memory_candidate(
     rank::Candidate {
         priority: e.pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0),
         usage: containers.iter().map(|c| c.usage).sum(),
-        request: crate::pods::admit::requests(&e.pod)
+        request: crate::pods::util::pod_requests(&e.pod)
             .1
             .min(u128::from(u64::MAX)) as u64,
         containers,

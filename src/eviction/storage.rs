@@ -39,7 +39,7 @@ pub fn empty_dirs(pod: &Pod, uid: &str, volumes: &Path) -> Vec<EmptyDir> {
             if e.medium.as_deref() == Some("Memory") {
                 return None;
             }
-            let dir = crate::pods::convert::contained_path(volumes, &[uid, &v.name])?;
+            let dir = crate::pods::util::contained_path(volumes, &[uid, &v.name])?;
             let limit = e.size_limit.as_ref().and_then(|q| {
                 crate::config::parse_quantity(&q.0)
                     .ok()
@@ -158,7 +158,7 @@ pub fn has_limit(pod: &Pod) -> bool {
 
 /// A container's log dir: `<pod log dir>/<container>`.
 fn container_logs(pod: &Pod, r: &Roots, container: &str) -> PathBuf {
-    let logs = crate::pods::convert::log_directory(pod, &r.logs.display().to_string());
+    let logs = crate::pods::util::log_directory(pod, &r.logs.display().to_string());
     Path::new(&logs).join(container)
 }
 
@@ -166,7 +166,7 @@ fn container_logs(pod: &Pod, r: &Roots, container: &str) -> PathBuf {
 /// its containers' writable layers.
 pub fn usage(pod: &Pod, uid: &str, r: &Roots, writable: &Writable) -> u64 {
     let dirs: u64 = empty_dir_use(pod, uid, r).iter().map(|d| d.2).sum();
-    let logs = crate::pods::convert::log_directory(pod, &r.logs.display().to_string());
+    let logs = crate::pods::util::log_directory(pod, &r.logs.display().to_string());
     dirs + du(Path::new(&logs)) + writable.values().sum::<u64>()
 }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus};
 
-use super::convert::quantity_milli;
+use crate::pods::util::pod_requests;
 
 /// What the node offers.
 #[derive(Clone, Debug, Default)]
@@ -77,37 +77,6 @@ fn os_ok(pod: &Pod) -> Result<(), Rejection> {
         });
     }
     Ok(())
-}
-
-/// A pod's effective requests (cpu in millicores, memory in bytes): the
-/// larger of the sum of its containers and its largest init container.
-pub fn requests(pod: &Pod) -> (u128, u128) {
-    let Some(spec) = &pod.spec else { return (0, 0) };
-    let req = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> u128 {
-        let res = c.resources.clone().unwrap_or_default();
-        res.requests
-            .as_ref()
-            .and_then(|m| m.get(r))
-            .or_else(|| res.limits.as_ref().and_then(|m| m.get(r)))
-            .map_or(0, |q| quantity_milli(&q.0))
-    };
-    let sum = |r: &str| {
-        spec.containers
-            .iter()
-            .fold(0u128, |acc, c| acc.saturating_add(req(c, r)))
-    };
-    let init = |r: &str| {
-        spec.init_containers
-            .iter()
-            .flatten()
-            .map(|c| req(c, r))
-            .max()
-            .unwrap_or(0)
-    };
-    (
-        sum("cpu").max(init("cpu")),
-        sum("memory").max(init("memory")) / 1000,
-    )
 }
 
 fn matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
@@ -179,7 +148,7 @@ pub fn admit_under_pressure(pod: &Pod, conditions: &[&str]) -> Result<(), Reject
         return Ok(());
     }
     if conditions == ["MemoryPressure"]
-        && (super::convert::qos_class(pod) != "BestEffort" || tolerates_memory_pressure(pod))
+        && (crate::cm::qos::qos_class(pod) != "BestEffort" || tolerates_memory_pressure(pod))
     {
         return Ok(());
     }
@@ -218,13 +187,13 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
             ),
         });
     }
-    let (cpu, mem) = requests(pod);
+    let (cpu, mem) = pod_requests(pod);
     let used_cpu = admitted
         .iter()
-        .fold(0u128, |a, p| a.saturating_add(requests(p).0));
+        .fold(0u128, |a, p| a.saturating_add(pod_requests(p).0));
     let used_mem = admitted
         .iter()
-        .fold(0u128, |a, p| a.saturating_add(requests(p).1));
+        .fold(0u128, |a, p| a.saturating_add(pod_requests(p).1));
     if cpu > 0 && used_cpu.saturating_add(cpu) > node.cpu_milli {
         return Err(Rejection {
             reason: "OutOfcpu".into(),
@@ -312,7 +281,7 @@ mod tests {
         let small = pod(
             "metadata: {name: s}\nspec: {containers: [{name: c, image: i, resources: {requests: {cpu: 600m}}}]}",
         );
-        assert_eq!(requests(&big), (1500, 256 << 20));
+        assert_eq!(pod_requests(&big), (1500, 256 << 20));
         assert!(admit(&big, &[], &node()).is_ok());
         let e = admit(&small, &[&big], &node()).unwrap_err();
         assert_eq!(e.reason, "OutOfcpu");
@@ -338,7 +307,7 @@ mod tests {
         let init = pod(
             "metadata: {name: i}\nspec: {initContainers: [{name: x, image: i, resources: {requests: {cpu: '3'}}}], containers: [{name: c, image: i}]}",
         );
-        assert_eq!(requests(&init).0, 3000);
+        assert_eq!(pod_requests(&init).0, 3000);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::convert::pod_name;
+use crate::pods::util::pod_name;
 
 const MIRROR: &str = "kubernetes.io/config.mirror";
 const SOURCE: &str = "kubernetes.io/config.source";
@@ -32,7 +32,7 @@ const EVENT_QUEUE: usize = 1024;
 
 /// The pod's namespace, name, and an `Api` for that namespace.
 fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
-    let (ns, name) = super::convert::namespace_and_name(pod);
+    let (ns, name) = crate::pods::util::namespace_and_name(pod);
     (Api::namespaced(client.clone(), &ns), ns, name)
 }
 

@@ -94,7 +94,7 @@ fn scan(dir: &Path, node_name: &str) -> Vec<Pod> {
         match load_manifest(&f, node_name) {
             Ok(p) if pods.iter().any(|q| same_name(q, &p)) => warn!(
                 file = %f.display(),
-                pod = %super::convert::pod_name(&p),
+                pod = %crate::pods::util::pod_name(&p),
                 "static pod manifest skipped: an earlier file (in name order) defines a pod of that name"
             ),
             Ok(p) => pods.push(p),

@@ -8,8 +8,6 @@
 
 use std::path::Path;
 
-use super::convert::{self, NodeContext};
-
 /// What one input reached.
 #[derive(Debug, Default)]
 pub struct Reached {
@@ -34,7 +32,7 @@ pub fn check(bytes: &[u8], base: &Path) -> Reached {
     if let Some(vols) = pod.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
         vols.retain(|v| v.host_path.is_none());
     }
-    let node = NodeContext {
+    let node = crate::pods::util::NodeFacts {
         node_name: "node".into(),
         log_root: root.join("logs").display().to_string(),
         volume_root: root.join("volumes").display().to_string(),
@@ -44,13 +42,13 @@ pub fn check(bytes: &[u8], base: &Path) -> Reached {
         let p = Path::new(p);
         p.starts_with(&root) && !p.components().any(|c| c == std::path::Component::ParentDir)
     };
-    let dir = convert::log_directory(&pod, &node.log_root);
+    let dir = crate::pods::util::log_directory(&pod, &node.log_root);
     assert!(
         under(&dir),
         "log dir {dir} from {:?}",
         String::from_utf8_lossy(bytes)
     );
-    if let Ok(paths) = convert::volume_paths(&pod, &node) {
+    if let Ok(paths) = crate::pods::volumes::host::volume_paths(&pod, &node) {
         for (p, _) in paths.values() {
             assert!(
                 under(p),
@@ -58,11 +56,11 @@ pub fn check(bytes: &[u8], base: &Path) -> Reached {
                 String::from_utf8_lossy(bytes)
             );
         }
-        let _ = convert::prepare_volumes(&pod, &node);
+        let _ = crate::pods::volumes::host::prepare_volumes(&pod, &node);
     }
-    let objects = convert::EnvObjects::default();
+    let objects = crate::pods::objects::EnvObjects::default();
     for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
-        match convert::container_config(&pod, c, 0, &node, &objects) {
+        match crate::pods::kuberuntime::container::container_config(&pod, c, 0, &node, &objects) {
             Ok((cfg, sub_paths)) => {
                 for s in &sub_paths {
                     let t = s.target.display().to_string();

@@ -9,8 +9,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use kinglet_runtime::Runtime;
 
-use super::convert::format_pod;
 use super::prober::{self, handlers};
+use crate::pods::util::format_pod;
 
 /// How long an HTTP hook may take when nothing else bounds it: the caller
 /// cancels it sooner when the pod is killed.

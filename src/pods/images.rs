@@ -9,9 +9,10 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kinglet_runtime::{ImageInfo, PullAuth, Runtime, WaitingReason, image};
 use tokio::time::Instant;
 
-use super::convert::{self, ObjectKind, ObjectSource};
-use super::plan::{Backoff, next_backoff};
 use super::report::Reporter;
+use crate::pods::kuberuntime::plan::{Backoff, next_backoff};
+use crate::pods::util::ObjectKind;
+use crate::pods::util::ObjectSource;
 
 /// Why a container's image is not there yet: the waiting reason and
 /// message.
@@ -138,7 +139,7 @@ impl ImageManager {
         if names.is_empty() {
             return Vec::new();
         }
-        let (ns, _) = convert::namespace_and_name(pod);
+        let (ns, _) = crate::pods::util::namespace_and_name(pod);
         let mut raw = Vec::new();
         let mut missing = Vec::new();
         for n in names {

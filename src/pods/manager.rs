@@ -17,7 +17,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::convert::{NodeContext, pod_name};
 use super::pleg::{self, Pleg};
 use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
 use super::report::{Report, Reporter};
@@ -25,6 +24,8 @@ use super::sources::{SourceUpdate, Sources};
 use super::status_manager::StatusManager;
 use super::worker::{KillRequest, Worker};
 use super::{admit, validate};
+use crate::pods::util::pod_name;
+use crate::pods::worker::NodeContext;
 
 /// How others ask for a pod to be stopped: eviction hands this a pod UID
 /// and a [`KillRequest`]; it never holds the pod manager.
@@ -54,7 +55,7 @@ pub struct PodManager {
     /// Beaten after each successful relist (for `/healthz`).
     relist_beat: Option<crate::health::Heartbeat>,
     /// Where the pod cgroups are, and the pods this node ran whose pod
-    /// cgroups may be left ([`super::pod_cgroups`]); none: no sweep.
+    /// cgroups may be left ([`crate::cm::pod_cgroups`]); none: no sweep.
     cgroup_sweep: Option<(std::path::PathBuf, Arc<std::sync::Mutex<BTreeSet<String>>>)>,
 }
 
@@ -224,7 +225,7 @@ impl PodManager {
         }
         let (mount, ran, root) = (mount.clone(), ran.clone(), self.node.pods_cgroup.clone());
         tokio::task::spawn_blocking(move || {
-            let done = super::pod_cgroups::sweep(&mount, &root, &gone);
+            let done = crate::cm::pod_cgroups::sweep(&mount, &root, &gone);
             let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
             ran.retain(|u| !done.contains(u));
         });
@@ -371,7 +372,7 @@ impl PodManager {
             Report::Removed { uid, pod } => {
                 info!(pod = %pod_name(&pod), uid = %uid, "pod removed");
                 self.status.terminated(&uid, &pod);
-                if let Some(dir) = super::convert::pod_log_dir(&pod, &self.node) {
+                if let Some(dir) = crate::pods::util::pod_log_dir(&pod, &self.node) {
                     let marker = self.status.log_marker(&uid);
                     tokio::spawn(remove_log_dir_later(dir, marker, shutdown.clone()));
                 }

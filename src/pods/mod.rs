@@ -8,45 +8,55 @@
 //!   and removal of what pods that are gone left behind;
 //! - [`pod_workers`]: each UID's phase, syncing → terminating →
 //!   terminated, and the rule that a terminated UID never comes back;
-//! - [`worker`]: one task per pod that plans ([`plan`], pure), executes
-//!   and reports ([`report`]), and takes kill requests;
+//! - [`worker`]: one task per pod that plans, executes and reports
+//!   ([`report`]), and takes kill requests; it owns the handles of the
+//!   node it is given ([`worker::NodeContext`]);
+//! - [`kuberuntime`]: pure, from the pod spec to runtime actions and
+//!   configs: the plan (upstream's `computePodActions`), the sandbox
+//!   config, each container's config and environment;
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
 //! - [`status_manager`]: the single writer of pod statuses (local records
 //!   and, through [`api_writer`], the API), computed by [`status`];
 //! - [`services`]: service environment variables from the cluster's
 //!   Services;
-//! - [`volumes`]: each pod's volumes, prepared before its containers and
-//!   kept current (configMap, secret, downwardAPI, projected tokens);
-//! - [`subpath`]: `subPath` mounts opened without following links and
-//!   bound by descriptor, so a pod cannot race them out of the volume;
+//! - [`volumes`]: each pod's volumes, their host dirs, prepared before its
+//!   containers and kept current (configMap, secret, downwardAPI,
+//!   projected tokens), and `subPath` mounts opened without following
+//!   links and bound by descriptor, so a pod cannot race them out of the
+//!   volume;
 //! - [`validate`]: the one gate every pod (static or API) passes before
 //!   anything of it touches the disk;
 //! - [`prober`]: liveness, readiness and startup probes, one task per
 //!   container and kind, owned by the worker; [`hooks`]: `postStart` and
 //!   `preStop`;
 //! - [`images`] (pull policy, pull secrets, pull back-off), [`objects`]
-//!   (ConfigMaps and Secrets), [`image_gc`], [`convert`] (pod spec →
-//!   runtime configs), [`logs`], [`ls`] (`kinglet pods ls`).
+//!   (ConfigMaps and Secrets), [`image_gc`], [`fieldpath`] (`fieldRef`
+//!   and `resourceFieldRef` values), [`logs`], [`ls`] (`kinglet pods ls`);
+//! - [`util`]: the leaf every part shares (pod names and UIDs, contained
+//!   paths, the node's plain facts, the clock); it imports nothing of
+//!   `pods`.
 //!
-//! Nothing here imports a runtime crate: runtimes sit behind the
-//! `kinglet_runtime::Runtime` trait.
+//! QoS classes, cgroup parents and OOM scores are the container
+//! manager's ([`crate::cm`]). The modules form no import cycle
+//! (`tests/lint/modgraph.py`, run by CI's lint step). Nothing here imports
+//! a runtime crate: runtimes sit behind the `kinglet_runtime::Runtime`
+//! trait.
 
 pub mod admit;
 pub mod api;
 pub mod api_writer;
-pub mod convert;
+pub mod fieldpath;
 pub mod file;
 pub mod fuzz;
 pub mod hooks;
 pub mod image_gc;
 pub mod images;
+pub mod kuberuntime;
 pub mod logs;
 pub mod ls;
 pub mod manager;
 pub mod objects;
-pub mod plan;
 pub mod pleg;
-pub mod pod_cgroups;
 pub mod pod_workers;
 pub mod prober;
 pub mod report;
@@ -54,8 +64,8 @@ pub mod services;
 pub mod sources;
 pub mod status;
 pub mod status_manager;
-pub mod subpath;
 pub mod sysctls;
+pub mod util;
 pub mod validate;
 pub mod volumes;
 pub mod worker;

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Client;
 use kube::api::Api;
 
-use super::convert::{self, EnvObjects, ObjectKind, ObjectSource};
+use super::util::{self, ConfigError, ObjectKind, ObjectSource};
 
 /// Fetches the ConfigMaps and Secrets `c`'s environment reads. Without an
 /// API server nothing can be found: optional references are skipped by
@@ -25,7 +25,7 @@ pub async fn env_objects(
     if refs.is_empty() {
         return Ok(out);
     }
-    let (ns, _) = convert::namespace_and_name(pod);
+    let (ns, _) = util::namespace_and_name(pod);
     for (kind, name) in refs {
         let got = match source {
             Some(src) => src.get(kind, &ns, &name).await?,
@@ -397,6 +397,72 @@ where
         // An immutable object never changes: no need to go on watching.
         if matches!(slot.state(), Known::Found(Some(ref o)) if o.immutable) {
             return;
+        }
+    }
+}
+
+/// The objects a container's environment refers to, fetched before its
+/// config is built: `None` for an object that does not exist; and the
+/// service variables, which come first (the container's own override them).
+#[derive(Clone, Debug, Default)]
+pub struct EnvObjects(
+    pub BTreeMap<(ObjectKind, String), Option<BTreeMap<String, String>>>,
+    pub Vec<(String, String)>,
+);
+
+impl EnvObjects {
+    /// What `c`'s env and envFrom refer to.
+    pub fn refs(c: &Container) -> Vec<(ObjectKind, String)> {
+        let mut out = Vec::new();
+        for e in c.env_from.iter().flatten() {
+            if let Some(r) = &e.config_map_ref {
+                out.push((ObjectKind::ConfigMap, r.name.clone()));
+            }
+            if let Some(r) = &e.secret_ref {
+                out.push((ObjectKind::Secret, r.name.clone()));
+            }
+        }
+        for e in c.env.iter().flatten() {
+            if let Some(vf) = &e.value_from {
+                if let Some(r) = &vf.config_map_key_ref {
+                    out.push((ObjectKind::ConfigMap, r.name.clone()));
+                }
+                if let Some(r) = &vf.secret_key_ref {
+                    out.push((ObjectKind::Secret, r.name.clone()));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    pub(crate) fn get(&self, kind: ObjectKind, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.0
+            .get(&(kind, name.to_string()))
+            .and_then(|o| o.as_ref())
+    }
+
+    /// One key, as upstream resolves `configMapKeyRef`/`secretKeyRef`.
+    pub(crate) fn key(
+        &self,
+        kind: ObjectKind,
+        ns: &str,
+        name: &str,
+        key: &str,
+        optional: bool,
+    ) -> Result<Option<String>, ConfigError> {
+        match self.get(kind, name) {
+            None if optional => Ok(None),
+            None => Err(ConfigError(format!("{} {name:?} not found", kind.lower()))),
+            Some(data) => match data.get(key) {
+                Some(v) => Ok(Some(v.clone())),
+                None if optional => Ok(None),
+                None => Err(ConfigError(format!(
+                    "couldn't find key {key} in {} {ns}/{name}",
+                    kind.title()
+                ))),
+            },
         }
     }
 }

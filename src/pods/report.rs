@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::sync::mpsc;
 use tracing::info;
 
-use super::convert::pod_name;
+use crate::pods::util::pod_name;
 
 /// A message from a worker.
 #[derive(Debug)]

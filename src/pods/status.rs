@@ -12,40 +12,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus, WaitingReason};
 
 use super::images::Waiting;
-
-/// What the probes say of a running container (the prober answers; a pod
-/// without probes is started and ready once running).
-pub trait Health {
-    fn started(&self, c: &Container, id: &str) -> bool;
-    fn ready(&self, c: &Container, id: &str) -> bool;
-}
-
-/// No probes: running is started and ready.
-pub struct Unprobed;
-
-impl Health for Unprobed {
-    fn started(&self, _: &Container, _: &str) -> bool {
-        true
-    }
-    fn ready(&self, _: &Container, _: &str) -> bool {
-        true
-    }
-}
+#[cfg(test)]
+use super::kuberuntime::plan::Unprobed;
+use super::kuberuntime::plan::{Health, attempts};
 
 fn time(nanos: i64) -> Option<Time> {
     (nanos > 0)
         .then(|| Time(jiff::Timestamp::from_nanosecond(i128::from(nanos)).unwrap_or_default()))
-}
-
-/// The attempts of each container, newest first.
-pub fn attempts<'a>(containers: &'a [ContainerStatus], name: &str) -> Vec<&'a ContainerStatus> {
-    let mut v: Vec<&ContainerStatus> = containers.iter().filter(|c| c.name == name).collect();
-    v.sort_by(|a, b| {
-        b.attempt
-            .cmp(&a.attempt)
-            .then(b.created_at.cmp(&a.created_at))
-    });
-    v
 }
 
 fn terminated(c: &ContainerStatus, scheme: &str) -> KState {
@@ -201,7 +174,7 @@ pub fn pod_status(
         }
     }
     let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
-    let ephemeral: Vec<KStatus> = super::convert::ephemeral_containers(&spec)
+    let ephemeral: Vec<KStatus> = super::util::ephemeral_containers(&spec)
         .iter()
         .map(|c| {
             let w = waiting.get(&c.name);
@@ -226,7 +199,7 @@ pub fn pod_status(
     let sidecars: Vec<KStatus> = inits
         .iter()
         .zip(spec.init_containers.iter().flatten())
-        .filter(|(_, c)| super::convert::is_sidecar(c))
+        .filter(|(_, c)| super::util::is_sidecar(c))
         .map(|(s, _)| s.clone())
         .collect();
     let mut conditions = conditions(phase, &sidecars, &regular, &init, sandbox_ready);
@@ -249,7 +222,7 @@ pub fn pod_status(
         init_container_statuses: (!inits.is_empty()).then_some(inits),
         container_statuses: Some(regular),
         ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
-        qos_class: Some(super::convert::qos_class(pod).into()),
+        qos_class: Some(crate::cm::qos::qos_class(pod).into()),
         ..Default::default()
     }
 }
@@ -274,7 +247,7 @@ impl InitProgress {
             spec.init_containers
                 .iter()
                 .flatten()
-                .any(|c| c.name == name && super::convert::is_sidecar(c))
+                .any(|c| c.name == name && super::util::is_sidecar(c))
         };
         let running = |s: &KStatus| s.state.as_ref().is_some_and(|st| st.running.is_some());
         InitProgress {
@@ -309,7 +282,7 @@ fn phase(
             if t.exit_code == 0 {
                 succeeded += 1;
             }
-            if super::plan::should_restart(c, policy, t.exit_code) {
+            if super::kuberuntime::plan::should_restart(c, policy, t.exit_code) {
                 restarting += 1;
             }
         } else if s

@@ -131,7 +131,7 @@ pub fn same_by_kubelet(ours: &PodStatus, theirs: &PodStatus) -> bool {
 
 /// `<dir>/<uid>.json`, if the UID makes one plain file name there.
 fn record_path(dir: &Path, uid: &str) -> Option<PathBuf> {
-    super::convert::contained_child(dir, &format!("{uid}.json"))
+    crate::pods::util::contained_child(dir, &format!("{uid}.json"))
 }
 
 /// The previous run's record of a pod, if any (a restart adopts it).
@@ -295,7 +295,7 @@ impl StatusManager {
 
     /// The marker of a removed pod whose log dir is still to go.
     pub fn log_marker(&self, uid: &str) -> Option<PathBuf> {
-        super::convert::contained_child(&self.dir, &format!("{uid}.logs"))
+        crate::pods::util::contained_child(&self.dir, &format!("{uid}.logs"))
     }
 
     /// Drops what is known of a pod that never ran (no API call).

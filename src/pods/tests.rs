@@ -14,10 +14,12 @@ use kinglet_runtime::{BoxFuture, Runtime};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::convert::{NodeContext, ObjectKind, ObjectSource};
-use super::plan::Clock;
 use super::worker::KillRequest;
 use super::{PodKiller, PodManager, SourceUpdate, StatusManager, StatusView, admit};
+use crate::pods::util::Clock;
+use crate::pods::util::ObjectKind;
+use crate::pods::util::ObjectSource;
+use crate::pods::worker::NodeContext;
 
 struct Node {
     rt: Arc<FakeRuntime>,
@@ -32,11 +34,14 @@ fn node_with(rt: Arc<FakeRuntime>, objects: Option<Arc<dyn ObjectSource>>) -> No
     rt.follow_tokio_clock();
     let dir = tempfile::tempdir().unwrap();
     let ctx = NodeContext {
-        node_name: "n".into(),
-        node_ip: "192.0.2.1".into(),
-        log_root: dir.path().join("logs").display().to_string(),
-        volume_root: dir.path().join("volumes").display().to_string(),
-        container_id_scheme: "fake://".into(),
+        facts: crate::pods::util::NodeFacts {
+            node_name: "n".into(),
+            node_ip: "192.0.2.1".into(),
+            log_root: dir.path().join("logs").display().to_string(),
+            volume_root: dir.path().join("volumes").display().to_string(),
+            container_id_scheme: "fake://".into(),
+            ..Default::default()
+        },
         clock: Clock::following_tokio(),
         objects,
         ..Default::default()

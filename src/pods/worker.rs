@@ -2,8 +2,8 @@
 //! [`PodUpdate`] and moves its pod one way through three phases:
 //!
 //! - **syncing**: each round takes the pod's containers from the PLEG cache
-//!   (newer than the worker's own last action), asks [`plan`](super::plan)
-//!   what to do, executes that against the runtime, and reports one status;
+//!   (newer than the worker's own last action), asks
+//!   [`plan`](crate::pods::kuberuntime::plan) what to do, executes that against the runtime, and reports one status;
 //!   it wakes on a new update, a change of its containers, or a back-off
 //!   timer;
 //! - **terminating**: on a kill request (deletion, eviction, the active
@@ -28,14 +28,47 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::convert::{self, NodeContext, pod_name};
 use super::images::{ImageManager, Waiting};
-use super::plan::{self, Backoffs, Step};
 use super::pleg::PodCache;
 use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
-use super::status::{self, Health, Unprobed};
+use super::status;
+use super::util::NodeFacts;
 use super::volumes::{self, Volumes};
+use crate::pods::kuberuntime::plan::{self, Backoffs, Health, Step, Unprobed};
+use crate::pods::util::pod_name;
+
+/// What a pod's worker is given of the node: its plain facts (which the
+/// pure parts read; `NodeContext` derefs to them) and the handles the
+/// worker and its volumes hold.
+#[derive(Clone, Debug, Default)]
+pub struct NodeContext {
+    pub facts: NodeFacts,
+    /// ConfigMaps and Secrets, when an API server is configured.
+    pub objects: Option<std::sync::Arc<dyn crate::pods::util::ObjectSource>>,
+    /// The wall clock container times are compared with.
+    pub clock: crate::pods::util::Clock,
+    /// When the agent started (first probes are jittered within a period
+    /// of it); `None`: long ago.
+    pub started: Option<tokio::time::Instant>,
+    /// What configMap, secret and projected volumes read, when an API
+    /// server is configured.
+    pub volume_sources: Option<std::sync::Arc<crate::pods::volumes::Sources>>,
+    /// The last copy of what volumes read from the API server, for pods
+    /// to start while it is unreachable (see [`crate::store`]).
+    pub store: Option<std::sync::Arc<crate::store::LocalStore>>,
+    /// The cluster's Services, for service environment variables.
+    pub services: Option<std::sync::Arc<crate::pods::services::Services>>,
+    /// kinglet's Prometheus metrics (probes, pod starts, relists).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl std::ops::Deref for NodeContext {
+    type Target = NodeFacts;
+    fn deref(&self) -> &NodeFacts {
+        &self.facts
+    }
+}
 
 /// The reason of a pod the eviction manager ended.
 pub const EVICTED: &str = "Evicted";
@@ -176,7 +209,12 @@ impl Worker {
             self.node.metrics.clone(),
         ));
         self.updates = Some(updates.clone());
-        self.volumes = Some(Volumes::new(self.node.clone(), wake.clone()));
+        self.volumes = Some(Volumes::new(
+            self.node.facts.clone(),
+            self.node.store.clone(),
+            self.node.volume_sources.clone(),
+            wake.clone(),
+        ));
         let Some(u) = self.syncing(&mut updates, &wake, &shutdown).await else {
             return;
         };
@@ -305,7 +343,7 @@ impl Worker {
             let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_ref());
             inits?
                 .iter()
-                .position(|c| c.name == name && convert::is_sidecar(c))
+                .position(|c| c.name == name && crate::pods::util::is_sidecar(c))
         };
         let (mut sidecars, rest): (Vec<_>, Vec<_>) = running
             .iter()
@@ -401,11 +439,11 @@ impl Worker {
             .init_containers
             .iter()
             .flatten()
-            .filter(|c| convert::is_sidecar(c));
+            .filter(|c| crate::pods::util::is_sidecar(c));
         sidecars
             .chain(spec.containers.iter())
             .filter_map(|c| {
-                let latest = status::attempts(current, &c.name).into_iter().next()?;
+                let latest = plan::attempts(current, &c.name).into_iter().next()?;
                 (latest.state == ContainerState::Running).then_some((c, latest))
             })
             .collect()
@@ -467,7 +505,9 @@ impl Worker {
     /// evicted or finished pod gives its emptyDirs' space back at once.
     async fn remove_volumes(&mut self) {
         self.volumes = None;
-        if let Some(d) = convert::contained_child(Path::new(&self.node.volume_root), &self.uid) {
+        if let Some(d) =
+            crate::pods::util::contained_child(Path::new(&self.node.volume_root), &self.uid)
+        {
             let _ = tokio::task::spawn_blocking(move || volumes::remove_pod_dir(&d)).await;
         }
         if let Some(st) = self.node.store.clone() {
@@ -526,7 +566,7 @@ impl Worker {
         if self.own_kill.is_some() {
             return None;
         }
-        let sb = convert::sandbox_config(pod, &self.node);
+        let sb = crate::pods::kuberuntime::sandbox::sandbox_config(pod, &self.node);
         let sandbox_id = match self.ensure_sandbox(pod, &sb, current).await {
             Ok(id) => id,
             Err(retry) => {
@@ -563,7 +603,7 @@ impl Worker {
         }
         let setup = match self.volumes.as_mut() {
             Some(v) => v.setup(pod).await,
-            None => convert::prepare_volumes(pod, &self.node)
+            None => crate::pods::volumes::host::prepare_volumes(pod, &self.node)
                 .map(|_| None)
                 .map_err(|e| e.0),
         };
@@ -644,7 +684,7 @@ impl Worker {
             .find(|c| c.name == name);
         match found {
             Some(c) => Some(c.clone()),
-            None => convert::ephemeral_containers(spec)
+            None => crate::pods::util::ephemeral_containers(spec)
                 .into_iter()
                 .find(|c| c.name == name),
         }
@@ -777,7 +817,8 @@ impl Worker {
             Err((reason, msg)) => return Err((reason, msg, !reason.is_pull_failure())),
         };
         self.ensure_image_volumes(pod, c).await?;
-        if let Err(e) = convert::verify_run_as_non_root(pod, c, &image) {
+        if let Err(e) = crate::pods::kuberuntime::container::verify_run_as_non_root(pod, c, &image)
+        {
             return Err(self
                 .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
                 .await);
@@ -873,7 +914,8 @@ impl Worker {
         let o = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await?;
         let pid_target = self.pid_target(pod, c)?;
         let (cfg, sub_paths) =
-            convert::container_config(pod, c, attempt, &self.node, &o).map_err(|e| e.0)?;
+            crate::pods::kuberuntime::container::container_config(pod, c, attempt, &self.node, &o)
+                .map_err(|e| e.0)?;
         self.prepare_sub_paths(pod, c, sub_paths).await?;
         Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
     }
@@ -885,14 +927,14 @@ impl Worker {
         &self,
         pod: &Pod,
         c: &Container,
-        sub_paths: Vec<super::subpath::SubPath>,
+        sub_paths: Vec<crate::pods::volumes::subpath::SubPath>,
     ) -> Result<(), String> {
         if sub_paths.is_empty() {
             return Ok(());
         }
         let prepared = tokio::task::spawn_blocking(move || {
             for s in &sub_paths {
-                super::subpath::prepare(s).map_err(|e| (s.name.clone(), e))?;
+                crate::pods::volumes::subpath::prepare(s).map_err(|e| (s.name.clone(), e))?;
             }
             Ok(())
         })
@@ -914,7 +956,7 @@ impl Worker {
         let Some(target) = pod
             .spec
             .as_ref()
-            .and_then(|s| convert::ephemeral_target(s, &c.name))
+            .and_then(|s| crate::pods::util::ephemeral_target(s, &c.name))
         else {
             return Ok(None);
         };

@@ -35,7 +35,16 @@ pub struct User {
     pub uid: String,
 }
 
-pub use crate::certificate::der::user_of_cert;
+/// The user of a client certificate: its CN the name, its Os the groups
+/// (as upstream's x509 authenticator).
+pub fn user_of_cert(der: &[u8]) -> Option<User> {
+    let s = crate::certificate::der::subject_of_cert(der)?;
+    Some(User {
+        name: s.common_name,
+        groups: s.organizations,
+        uid: String::new(),
+    })
+}
 
 /// The SubjectAccessReview attributes of a request: verb from the method,
 /// subresources by path, in the order upstream tries them (fine-grained

@@ -522,7 +522,7 @@ fn cgroup_psi(
         return Default::default();
     }
     let pod_dirs: HashMap<String, PathBuf> =
-        crate::pods::pod_cgroups::of(cgroup_root, pods_cgroup, uids)
+        crate::cm::pod_cgroups::of(cgroup_root, pods_cgroup, uids)
             .into_iter()
             .collect();
     let mut containers = ContainerPsi::new();

@@ -315,7 +315,7 @@ impl Prober {
     }
 }
 
-impl super::status::Health for Prober {
+impl crate::pods::kuberuntime::plan::Health for Prober {
     /// Started: its startup probe succeeded, or it has none.
     fn started(&self, c: &Container, id: &str) -> bool {
         self.ctx.results.started(c, id)
@@ -512,8 +512,10 @@ pub fn http_target(
 /// Runs the probe's handler once.
 async fn run_handler(rt: &dyn Runtime, t: &Target, p: &Probe, timeout: Duration) -> Outcome {
     if let Some(e) = &p.exec {
-        let cmd =
-            super::convert::expand_static(e.command.as_deref().unwrap_or_default(), &t.container);
+        let cmd = crate::pods::kuberuntime::env::expand_static(
+            e.command.as_deref().unwrap_or_default(),
+            &t.container,
+        );
         return handlers::exec(rt, &t.id, &cmd, timeout).await;
     }
     if let Some(g) = &p.http_get {
@@ -539,7 +541,7 @@ async fn run_handler(rt: &dyn Runtime, t: &Target, p: &Probe, timeout: Duration)
     }
     Err(format!(
         "missing probe handler for {}:{}",
-        super::convert::pod_name(&t.pod),
+        crate::pods::util::pod_name(&t.pod),
         t.container.name
     ))
 }
@@ -547,7 +549,7 @@ async fn run_handler(rt: &dyn Runtime, t: &Target, p: &Probe, timeout: Duration)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::status::Health as _;
+    use crate::pods::kuberuntime::plan::Health as _;
 
     fn timing(succ: u32, fail: u32) -> Timing {
         Timing {

@@ -4,7 +4,7 @@
 //! container starts, and kept current while the pod runs.
 //!
 //! - emptyDir on disk, or on tmpfs with `medium: Memory`; hostPath type
-//!   checks ([`convert::prepare_volumes`]);
+//!   checks ([`host::prepare_volumes`]);
 //! - configMap, secret, downwardAPI and projected volumes written with
 //!   upstream's atomic writer ([`atomic`]) from what [`render`] computes;
 //!   secrets and projected volumes on tmpfs, never on disk;
@@ -26,7 +26,9 @@
 //! reports them and retries.
 
 pub mod atomic;
+pub mod host;
 pub mod render;
+pub mod subpath;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -37,8 +39,9 @@ use k8s_openapi::api::core::v1::{Pod, Volume, VolumeProjection};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::convert::{self, NodeContext, ObjectKind};
 use super::objects::{Object, ObjectCache, Subscription};
+use crate::pods::util::NodeFacts;
+use crate::pods::util::ObjectKind;
 use render::Payload;
 
 /// What the volumes of a node's pods read from the API server.
@@ -118,7 +121,12 @@ impl<'a> Keys<'a> {
 
 /// One pod's volumes.
 pub struct Volumes {
-    node: NodeContext,
+    node: NodeFacts,
+    /// The local store, which keeps what volumes read for offline starts.
+    store: Option<Arc<crate::store::LocalStore>>,
+    /// What configMap, secret and projected volumes read (none without an
+    /// API server).
+    sources: Option<Arc<Sources>>,
     wake: Arc<Notify>,
     subs: HashMap<(ObjectKind, String), Subscription>,
     tokens: HashMap<TokenKey, Token>,
@@ -143,9 +151,16 @@ struct KeptToken {
 const OFFLINE_RETRY: Duration = Duration::from_secs(30);
 
 impl Volumes {
-    pub fn new(node: NodeContext, wake: Arc<Notify>) -> Self {
+    pub fn new(
+        node: NodeFacts,
+        store: Option<Arc<crate::store::LocalStore>>,
+        sources: Option<Arc<Sources>>,
+        wake: Arc<Notify>,
+    ) -> Self {
         Volumes {
             node,
+            store,
+            sources,
             wake,
             subs: HashMap::new(),
             tokens: HashMap::new(),
@@ -158,7 +173,7 @@ impl Volumes {
     /// Keeps `value` (`None`: forgets it) as the pod's copy of `name`,
     /// unless that is what was kept last.
     async fn keep(&mut self, pod: &Pod, name: &str, value: Option<Vec<u8>>) {
-        let Some(store) = self.node.store.clone() else {
+        let Some(store) = self.store.clone() else {
             return;
         };
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -182,7 +197,7 @@ impl Volumes {
         pod: &Pod,
         name: &str,
     ) -> Option<T> {
-        let store = self.node.store.as_ref()?;
+        let store = self.store.as_ref()?;
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         store.read_json(&uid, name).await
     }
@@ -190,7 +205,7 @@ impl Volumes {
     /// Prepares (or refreshes) every volume of the pod. `Ok` says when a
     /// token is next due; `Err` is upstream's `FailedMount` message.
     pub async fn setup(&mut self, pod: &Pod) -> Result<Option<Duration>, String> {
-        convert::prepare_volumes(pod, &self.node).map_err(|e| e.0)?;
+        host::prepare_volumes(pod, &self.node).map_err(|e| e.0)?;
         let mut used = BTreeSet::new();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         for v in volumes {
@@ -273,7 +288,7 @@ impl Volumes {
 
     fn dir(&self, pod: &Pod, volume: &str) -> Option<PathBuf> {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        convert::contained_path(Path::new(&self.node.volume_root), &[&uid, volume])
+        super::util::contained_path(Path::new(&self.node.volume_root), &[&uid, volume])
     }
 
     /// The files of an object-backed volume and whether it lives on tmpfs;
@@ -386,9 +401,9 @@ impl Volumes {
         optional: bool,
         used: &mut BTreeSet<(ObjectKind, String)>,
     ) -> Result<Object, String> {
-        let (ns, _) = convert::namespace_and_name(pod);
+        let (ns, _) = crate::pods::util::namespace_and_name(pod);
         used.insert((kind, name.to_string()));
-        let found = match &self.node.volume_sources {
+        let found = match &self.sources {
             None => None,
             Some(src) => {
                 let kept_as = format!("{}/{ns}/{name}", kind.lower());
@@ -441,7 +456,7 @@ impl Volumes {
             BoundObjectReference, TokenRequest, TokenRequestSpec,
         };
         use k8s_openapi::api::core::v1::ServiceAccount;
-        let (ns, pod_name) = convert::namespace_and_name(pod);
+        let (ns, pod_name) = crate::pods::util::namespace_and_name(pod);
         let sa = pod
             .spec
             .as_ref()
@@ -455,7 +470,7 @@ impl Volumes {
         {
             return Ok(t.value.clone());
         }
-        let Some(src) = &self.node.volume_sources else {
+        let Some(src) = &self.sources else {
             return Err("failed to fetch token: no API server to ask".into());
         };
         let req = TokenRequest {

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod};
 
 use super::atomic::FileProjection;
-use crate::pods::convert::{self, NodeContext, ObjectKind};
 use crate::pods::objects::Object;
+use crate::pods::util::NodeFacts;
+use crate::pods::util::ObjectKind;
 
 pub type Payload = BTreeMap<String, FileProjection>;
 
@@ -85,7 +86,7 @@ pub fn downward(
     pod: &Pod,
     items: &[DownwardAPIVolumeFile],
     default_mode: Option<i32>,
-    node: &NodeContext,
+    node: &NodeFacts,
 ) -> Result<Payload, String> {
     let default = mode(default_mode, DEFAULT_MODE)?;
     let mut out = Payload::new();
@@ -94,7 +95,7 @@ pub fn downward(
             match f.field_path.as_str() {
                 "metadata.labels" => format_map(pod.metadata.labels.as_ref()),
                 "metadata.annotations" => format_map(pod.metadata.annotations.as_ref()),
-                p => convert::field_ref(pod, p, node).ok_or_else(|| {
+                p => crate::pods::fieldpath::field_ref(pod, p, node).ok_or_else(|| {
                     format!("unsupported fieldPath {p:?} in volume item {:?}", i.path)
                 })?,
             }
@@ -107,7 +108,7 @@ pub fn downward(
                 .ok_or_else(|| {
                     format!("container {name:?} not found for volume item {:?}", i.path)
                 })?;
-            convert::resource_field(c, r, node)
+            crate::pods::fieldpath::resource_field(c, r, node)
         } else {
             return Err(format!(
                 "volume item {:?} has neither fieldRef nor resourceFieldRef",
@@ -186,7 +187,7 @@ mod tests {
             {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}, "mode": 0o400}
         ]))
         .unwrap();
-        let out = downward(&p, &items, None, &NodeContext::default()).unwrap();
+        let out = downward(&p, &items, None, &NodeFacts::default()).unwrap();
         assert_eq!(out["labels"].data, b"a=\"one\"\nb=\"two \\\"q\\\"\"");
         assert_eq!(out["name"].data, b"web");
         assert_eq!(out["name"].mode, 0o400);

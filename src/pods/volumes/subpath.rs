@@ -207,7 +207,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn unmount_all(dir: &Path) {
-        super::super::volumes::remove_pod_dir(dir);
+        super::super::remove_pod_dir(dir);
     }
 
     fn sub(vol: &Path, s: &str, target: &Path) -> SubPath {

@@ -10,47 +10,43 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kinglet_runtime::{ContainerState, ContainerStatus};
 use tokio::time::Instant;
 
-use super::status;
+/// What the probes say of a running container (the prober answers; a pod
+/// without probes is started and ready once running).
+pub trait Health {
+    fn started(&self, c: &Container, id: &str) -> bool;
+    fn ready(&self, c: &Container, id: &str) -> bool;
+}
+
+/// No probes: running is started and ready.
+pub struct Unprobed;
+
+impl Health for Unprobed {
+    fn started(&self, _: &Container, _: &str) -> bool {
+        true
+    }
+    fn ready(&self, _: &Container, _: &str) -> bool {
+        true
+    }
+}
+
+/// The attempts of each container, newest first.
+pub fn attempts<'a>(containers: &'a [ContainerStatus], name: &str) -> Vec<&'a ContainerStatus> {
+    let mut v: Vec<&ContainerStatus> = containers.iter().filter(|c| c.name == name).collect();
+    v.sort_by(|a, b| {
+        b.attempt
+            .cmp(&a.attempt)
+            .then(b.created_at.cmp(&a.created_at))
+    });
+    v
+}
 
 /// Upstream's container restart back-off: 10 s doubling to 300 s; reset
 /// after 10 minutes of clean running.
 pub const BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
 pub const BACKOFF_RESET: Duration = Duration::from_secs(600);
-
-/// The wall clock container times are compared with. `System` in
-/// production; `Tokio` follows tokio's (pausable) clock from the moment it
-/// was made, so back-off and deadline tests run in paused time.
-#[derive(Clone, Copy, Debug, Default)]
-pub enum Clock {
-    #[default]
-    System,
-    #[cfg(test)]
-    Tokio { base_nanos: i64, base: Instant },
-}
-
-impl Clock {
-    #[cfg(test)]
-    pub fn following_tokio() -> Clock {
-        Clock::Tokio {
-            base_nanos: jiff::Timestamp::now().as_nanosecond() as i64,
-            base: Instant::now(),
-        }
-    }
-
-    /// Unix nanoseconds.
-    pub fn now_nanos(&self) -> i64 {
-        match self {
-            Clock::System => jiff::Timestamp::now().as_nanosecond() as i64,
-            #[cfg(test)]
-            Clock::Tokio { base_nanos, base } => base_nanos + base.elapsed().as_nanos() as i64,
-        }
-    }
-
-    pub fn now(&self) -> jiff::Timestamp {
-        jiff::Timestamp::from_nanosecond(i128::from(self.now_nanos())).unwrap_or_default()
-    }
-}
 
 pub use crate::backoff::Backoff;
 
@@ -140,7 +136,7 @@ pub fn plan(
     backoffs: &Backoffs,
     now_wall_nanos: i64,
     now: Instant,
-    health: &dyn status::Health,
+    health: &dyn Health,
 ) -> Vec<ContainerStep> {
     let spec = pod.spec.clone().unwrap_or_default();
     let policy = spec.restart_policy.as_deref().unwrap_or("Always");
@@ -150,7 +146,7 @@ pub fn plan(
     };
     let mut steps = Vec::new();
     for ic in spec.init_containers.iter().flatten() {
-        let sidecar = super::convert::is_sidecar(ic);
+        let sidecar = crate::pods::util::is_sidecar(ic);
         let ic_policy = match (sidecar, policy) {
             (true, _) => "Always",
             (false, "Never") => "Never",
@@ -159,7 +155,7 @@ pub fn plan(
         let (step, succeeded) = container_step(ic, current, ic_policy, backoffs, &at);
         // Upstream waits for a sidecar's startup probe before the next
         // container starts.
-        let started = status::attempts(current, &ic.name)
+        let started = attempts(current, &ic.name)
             .first()
             .is_some_and(|c| c.state == ContainerState::Running && health.started(ic, &c.id));
         steps.push(step);
@@ -172,7 +168,7 @@ pub fn plan(
     }
     // Ephemeral containers (`kubectl debug`) once the pod has started,
     // each run once and never restarted, as upstream.
-    for c in super::convert::ephemeral_containers(&spec) {
+    for c in crate::pods::util::ephemeral_containers(&spec) {
         steps.push(container_step(&c, current, "Never", backoffs, &at).0);
     }
     steps
@@ -245,7 +241,7 @@ fn container_step(
         reset_backoff,
     };
     let failed = backoffs.failure.get(&c.name).and_then(|b| b.left(at.now));
-    let tries = status::attempts(current, &c.name);
+    let tries = attempts(current, &c.name);
     let Some(latest) = tries.first() else {
         return match failed {
             Some(left) => (mk(Step::RetryLater { left }, false), false),
@@ -391,7 +387,7 @@ mod tests {
         wall: i64,
         now: Instant,
     ) -> Vec<(String, Step)> {
-        plan(p, cur, b, wall, now, &status::Unprobed)
+        plan(p, cur, b, wall, now, &Unprobed)
             .into_iter()
             .map(|s| (s.name, s.step))
             .collect()
@@ -495,7 +491,7 @@ mod tests {
         );
         // Not before its startup probe succeeded.
         struct NotStarted;
-        impl status::Health for NotStarted {
+        impl Health for NotStarted {
             fn started(&self, _: &Container, _: &str) -> bool {
                 false
             }
@@ -604,7 +600,7 @@ mod tests {
         b.restart.insert("a".into(), backoff(BACKOFF_MAX, now));
         let mut c = ctr("a", 3, ContainerState::Exited, 1, 1000 * S);
         c.started_at = 0;
-        let got = plan(&p, &[c], &b, 1001 * S, now, &status::Unprobed);
+        let got = plan(&p, &[c], &b, 1001 * S, now, &Unprobed);
         assert!(got[0].reset_backoff);
         assert_eq!(
             got[0].step,
