@@ -39,15 +39,49 @@ fn fds(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// What each of a process's fds points at (for a failure's message).
+/// What each of a process's fds points at (for a failure's message); a
+/// socket with its kind, state and ends, as `/proc/<pid>/net` tells them.
 fn fd_targets(pid: u32) -> Vec<String> {
+    let sockets = socket_table(pid);
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .map(|t| t.display().to_string())
+        .map(|t| {
+            let t = t.display().to_string();
+            let inode = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']'));
+            match inode.and_then(|i| sockets.get(i)) {
+                Some(desc) => format!("{t} {desc}"),
+                None => t,
+            }
+        })
         .collect()
+}
+
+/// Socket inode -> "tcp <state> <local> <remote>" or "unix <path>", from
+/// the process's network namespace's tables.
+fn socket_table(pid: u32) -> std::collections::HashMap<String, String> {
+    let mut map = std::collections::HashMap::new();
+    for kind in ["tcp", "tcp6"] {
+        let t = std::fs::read_to_string(format!("/proc/{pid}/net/{kind}")).unwrap_or_default();
+        for l in t.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() > 9 {
+                let desc = format!("{kind} st={} {} -> {}", f[3], f[1], f[2]);
+                map.insert(f[9].to_string(), desc);
+            }
+        }
+    }
+    let t = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    for l in t.lines().skip(1) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() > 6 {
+            let path = f.get(7).copied().unwrap_or("(unnamed)");
+            map.insert(f[6].to_string(), format!("unix st={} {path}", f[5]));
+        }
+    }
+    map
 }
 
 /// kinglet's TCP sockets in CLOSE-WAIT (the peer closed, kinglet did not).
