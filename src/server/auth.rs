@@ -13,13 +13,19 @@
 //! [`MAX_TOKEN_BYTES`] is refused without a review, and each client
 //! address may cause [`REVIEWS_PER_SECOND`] TokenReviews a second (a
 //! burst of [`REVIEW_BURST`]); past that it gets 429.
+//!
+//! Requests that need the same SubjectAccessReview while it is being asked
+//! share it: a burst of 20 `kubectl exec`s costs the API server one review
+//! (and kinglet one connection to it), not 20.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -161,6 +167,12 @@ struct Budget {
     at: Instant,
 }
 
+/// The (user, verb, subresource) a SubjectAccessReview answers.
+type DecisionKey = (String, &'static str, &'static str);
+
+/// A review being asked, which later requests for the same key await.
+type Flight = Shared<BoxFuture<'static, bool>>;
+
 /// Why a request gets no user.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Refused {
@@ -180,7 +192,9 @@ pub struct Auth {
     pub always_allow: bool,
     tokens: Mutex<Expiring<[u8; 32], Option<User>>>,
     budgets: Mutex<Expiring<IpAddr, Budget>>,
-    decisions: Mutex<Decisions>,
+    decisions: Arc<Mutex<Decisions>>,
+    /// Reviews being asked; an entry goes when its review is answered.
+    flights: Arc<Mutex<HashMap<DecisionKey, Flight>>>,
 }
 
 impl Auth {
@@ -201,7 +215,8 @@ impl Auth {
             always_allow,
             tokens: Mutex::new(Expiring::new(TOKENS_MAX)),
             budgets: Mutex::new(Expiring::new(CLIENTS_MAX)),
-            decisions: Mutex::new(Expiring::new(DECISIONS_MAX)),
+            decisions: Arc::new(Mutex::new(Expiring::new(DECISIONS_MAX))),
+            flights: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -323,15 +338,34 @@ impl Auth {
         let Some(client) = self.client.clone() else {
             return false;
         };
+        let flight = {
+            let mut flights = lock(&self.flights);
+            match flights.get(&key) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self.review(client, user, key.clone());
+                    flights.insert(key, f.clone());
+                    f
+                }
+            }
+        };
+        flight.await
+    }
+
+    /// Asks the API server whether `user` may do `key`'s verb on the
+    /// node's subresource, in a task of its own (so the review ends, is
+    /// cached and leaves [`Auth::flights`] even when every request
+    /// awaiting it is gone).
+    fn review(&self, client: kube::Client, user: &User, key: DecisionKey) -> Flight {
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
                 groups: Some(user.groups.clone()),
                 uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
                 resource_attributes: Some(ResourceAttributes {
-                    verb: Some(verb.into()),
+                    verb: Some(key.1.into()),
                     resource: Some("nodes".into()),
-                    subresource: Some(sub.into()),
+                    subresource: Some(key.2.into()),
                     name: Some(self.node.clone()),
                     ..Default::default()
                 }),
@@ -339,17 +373,23 @@ impl Auth {
             },
             ..Default::default()
         };
-        let ok = match Api::<SubjectAccessReview>::all(client)
-            .create(&PostParams::default(), &sar)
-            .await
-        {
-            Ok(r) => r.status.is_some_and(|s| s.allowed),
-            // Not cached: the next request asks again.
-            Err(_) => return false,
-        };
-        let ttl = if ok { ALLOWED_TTL } else { DENIED_TTL };
-        lock(&self.decisions).insert(key, ok, now + ttl);
-        ok
+        let (decisions, flights) = (self.decisions.clone(), self.flights.clone());
+        let task = tokio::spawn(async move {
+            let answer = Api::<SubjectAccessReview>::all(client)
+                .create(&PostParams::default(), &sar)
+                .await;
+            let ok = answer
+                .as_ref()
+                .is_ok_and(|r| r.status.as_ref().is_some_and(|s| s.allowed));
+            // An error is not cached: the next request asks again.
+            if answer.is_ok() {
+                let ttl = if ok { ALLOWED_TTL } else { DENIED_TTL };
+                lock(&decisions).insert(key.clone(), ok, Instant::now() + ttl);
+            }
+            lock(&flights).remove(&key);
+            ok
+        });
+        task.map(|r| r.unwrap_or(false)).boxed().shared()
     }
 }
 
@@ -360,6 +400,78 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake API server answering SubjectAccessReviews (allowed, after
+    /// 50 ms) and counting them.
+    fn reviewing_client(seen: Arc<std::sync::atomic::AtomicUsize>) -> kube::Client {
+        use kube::client::Body;
+        let svc = tower::service_fn(move |req: http::Request<Body>| {
+            let seen = seen.clone();
+            async move {
+                let body = req.into_body().collect_bytes().await?;
+                let mut sar: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                sar["status"] = serde_json::json!({"allowed": true});
+                let response = http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&sar).unwrap()))
+                    .unwrap();
+                Ok::<_, kube::Error>(response)
+            }
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    /// 20 requests at once that need the same review make one; the answer
+    /// is cached; a request whose caller went away still leaves nothing
+    /// in flight.
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_requests_share_one_review() {
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let auth = Arc::new(Auth::new(
+            Some(reviewing_client(seen.clone())),
+            "n".into(),
+            false,
+            true,
+            Duration::from_secs(120),
+            false,
+        ));
+        let user = User {
+            name: "system:kube-apiserver".into(),
+            ..Default::default()
+        };
+        let calls = (0..20).map(|_| {
+            let (auth, user) = (auth.clone(), user.clone());
+            tokio::spawn(async move { auth.authorize(&user, "POST", "/exec/ns/p/c").await })
+        });
+        for r in futures::future::join_all(calls).await {
+            assert_eq!(r.unwrap(), Ok(()));
+        }
+        let reviews = |n| seen.load(std::sync::atomic::Ordering::SeqCst) == n;
+        assert!(reviews(1), "{seen:?} reviews");
+        assert!(lock(&auth.flights).is_empty());
+        auth.authorize(&user, "POST", "/exec/ns/p/c").await.unwrap();
+        assert!(reviews(1), "cached, yet {seen:?} reviews");
+        // A caller that gives up: its review still ends and is cached.
+        let other = User {
+            name: "other".into(),
+            ..Default::default()
+        };
+        let gone = tokio::time::timeout(
+            Duration::from_millis(10),
+            auth.authorize(&other, "POST", "/exec/ns/p/c"),
+        )
+        .await;
+        assert!(gone.is_err());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(lock(&auth.flights).is_empty());
+        auth.authorize(&other, "POST", "/exec/ns/p/c")
+            .await
+            .unwrap();
+        assert!(reviews(2), "{seen:?} reviews");
+    }
 
     #[test]
     fn the_caches_stay_bounded_and_expire() {
