@@ -798,6 +798,7 @@ fn node_context(
             pod_pids_limit: cfg.pod_pids_limit,
             log_root: s.pod_log_dir.display().to_string(),
             volume_root: s.root_dir.join("volumes").display().to_string(),
+            pods_dir: s.root_dir.join("pods").display().to_string(),
             min_oom_score_adj,
             container_id_scheme: id_scheme.to_string(),
             etc_hosts: "/etc/hosts".into(),

@@ -196,7 +196,6 @@ async fn cri_calls_for_gc_probes_and_stats() {
         host_network: true,
         cgroup_parent: format!("kubepods/besteffort/pod{uid}"),
         resolv_conf: "nameserver 127.0.0.1\n".into(),
-        hosts: "127.0.0.1\tlocalhost\n".into(),
         ..Default::default()
     };
     let sandbox = rt.run_pod_sandbox(&sb).await.unwrap().id;
@@ -205,7 +204,6 @@ async fn cri_calls_for_gc_probes_and_stats() {
         image: "kinglet.test/busybox:1".into(),
         command: vec!["sleep".into(), "3000".into()],
         log_path: "c/0.log".into(),
-        termination_message_path: "/dev/termination-log".into(),
         seccomp_runtime_default: true,
         ..Default::default()
     };

@@ -458,7 +458,8 @@ async fn remove_gone_sandboxes(runtime: &dyn Runtime, keep: &BTreeSet<String>, b
     }
 }
 
-/// Volume dirs (`<volume root>/<uid>`) of UIDs no source lists, and log
+/// Volume dirs (`<volume root>/<uid>`) and kubelet-file dirs (`<pods
+/// dir>/<uid>`) of UIDs no source lists, and log
 /// dirs (`<log root>/<ns>_<name>_<uid>`) of the recorded pods now gone.
 fn remove_orphan_dirs(node: &NodeContext, desired: &BTreeSet<String>, gone: &BTreeSet<String>) {
     let dirs = |root: &str| -> Vec<(String, std::path::PathBuf)> {
@@ -473,6 +474,13 @@ fn remove_orphan_dirs(node: &NodeContext, desired: &BTreeSet<String>, gone: &BTr
     for (name, path) in dirs(&node.volume_root) {
         if !desired.contains(&name) {
             super::volumes::remove_pod_dir(&path);
+        }
+    }
+    // The kubelet's files of each pod (`<pods dir>/<uid>/`; the status
+    // records beside them are files, not dirs).
+    for (name, path) in dirs(&node.pods_dir) {
+        if !desired.contains(&name) {
+            let _ = std::fs::remove_dir_all(path);
         }
     }
     if let Some(st) = &node.store {

@@ -29,6 +29,9 @@
 //! - [`prober`]: liveness, readiness and startup probes, one task per
 //!   container and kind, owned by the worker; [`hooks`]: `postStart` and
 //!   `preStop`;
+//! - [`podfiles`]: the kubelet's files of a pod's containers (its
+//!   `/etc/hosts`, termination-message files), given to the runtime as
+//!   mounts;
 //! - [`images`] (pull policy, pull secrets, pull back-off), [`objects`]
 //!   (ConfigMaps and Secrets), [`image_gc`], [`fieldpath`] (`fieldRef`
 //!   and `resourceFieldRef` values), [`logs`], [`ls`] (`kinglet pods ls`);
@@ -58,6 +61,7 @@ pub mod manager;
 pub mod objects;
 pub mod pleg;
 pub mod pod_workers;
+pub mod podfiles;
 pub mod prober;
 pub mod report;
 pub mod services;

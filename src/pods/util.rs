@@ -27,6 +27,9 @@ pub struct NodeFacts {
     pub log_root: String,
     /// Where emptyDir volumes live: `<volume_root>/<pod uid>/<volume>`.
     pub volume_root: String,
+    /// Where the kubelet's files of each pod live:
+    /// `<pods_dir>/<uid>/` ([`crate::pods::podfiles`]); empty: none.
+    pub pods_dir: String,
     /// The lowest OOM score adjustment kinglet may give (−1000 with
     /// CAP_SYS_RESOURCE; else its own, as the kernel allows no lower).
     pub min_oom_score_adj: i32,

@@ -30,6 +30,7 @@ use tracing::warn;
 
 use super::images::{ImageManager, Waiting};
 use super::pleg::PodCache;
+use super::podfiles::{FileError, PodFiles};
 use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
 use super::status;
@@ -138,8 +139,9 @@ pub struct Worker {
     /// the pod is done, as upstream's pod worker sees it, and is never
     /// started again, even if its dead containers are collected.
     terminal: bool,
-    /// `FallbackToLogsOnError` messages by container ID, read once.
-    log_messages: BTreeMap<String, String>,
+    /// Exited containers' termination messages (their file's, or their
+    /// log's tail) by container ID, read once.
+    messages: BTreeMap<String, String>,
     /// The PLEG's mark at the worker's last change to the runtime, and how
     /// many changes it has made.
     last_action: u64,
@@ -178,7 +180,7 @@ impl Worker {
             own_kill: None,
             killed: None,
             terminal: false,
-            log_messages: BTreeMap::new(),
+            messages: BTreeMap::new(),
             last_action: 0,
             actions: 0,
             prober: None,
@@ -536,6 +538,9 @@ impl Worker {
         // to delete. (The log dir goes a minute later, from the manager, as
         // upstream's container GC removes it.)
         self.remove_volumes().await;
+        if let Some(files) = PodFiles::new(&self.node.pods_dir, &self.uid) {
+            let _ = tokio::task::spawn_blocking(move || files.remove()).await;
+        }
     }
 
     /// Checks `activeDeadlineSeconds`: past it, the worker asks to kill the
@@ -917,7 +922,43 @@ impl Worker {
             crate::pods::kuberuntime::container::container_config(pod, c, attempt, &self.node, &o)
                 .map_err(|e| e.0)?;
         self.prepare_sub_paths(pod, c, sub_paths).await?;
-        Ok(kinglet_runtime::ContainerConfig { pid_target, ..cfg })
+        let mut cfg = kinglet_runtime::ContainerConfig { pid_target, ..cfg };
+        let files = self.kubelet_files(pod, c, attempt, &cfg.mounts).await?;
+        cfg.mounts.extend(files);
+        Ok(cfg)
+    }
+
+    /// The kubelet's files of container `c` as mounts (upstream's
+    /// `makeMounts`): the pod's `/etc/hosts`, unless the container mounts
+    /// its own, and the attempt's termination-message file.
+    async fn kubelet_files(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        attempt: u32,
+        mounts: &[kinglet_runtime::Mount],
+    ) -> Result<Vec<kinglet_runtime::Mount>, String> {
+        let Some(files) = PodFiles::new(&self.node.pods_dir, &self.uid) else {
+            return Ok(Vec::new());
+        };
+        let hosts = !mounts.iter().any(|m| m.container_path == "/etc/hosts");
+        let path = crate::pods::kuberuntime::container::termination_message_path(c).to_string();
+        let (pod_ip, name) = (self.pod_ip(pod), c.name.clone());
+        let (pod, facts) = (pod.clone(), self.node.facts.clone());
+        let made = tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            if hosts {
+                let content = crate::pods::kuberuntime::sandbox::etc_hosts(&pod, &facts, &pod_ip);
+                out.push(files.hosts(&content)?);
+            }
+            if !path.is_empty() {
+                out.push(files.termination(&name, attempt, &path)?);
+            }
+            Ok::<_, FileError>(out)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        made.map_err(|e| e.to_string())
     }
 
     /// Binds the container's sub paths onto their targets (off the async
@@ -1018,14 +1059,17 @@ impl Worker {
         (reason, message, true)
     }
 
-    /// Fills the message of containers that failed without writing their
-    /// termination message from their log's tail, when they ask for it.
-    fn with_log_messages(
+    /// Fills the message of exited containers as upstream's
+    /// `getTerminationMessage`: what they wrote to their termination-message
+    /// file (after the runtime's own message, if any), or, for those that
+    /// failed without writing one and ask for it, their log's tail. Each
+    /// container's is read once, off the async thread.
+    async fn with_messages(
         &mut self,
         pod: &Pod,
         current: &[ContainerStatus],
     ) -> Vec<ContainerStatus> {
-        let fallback: Vec<&str> = pod
+        let fallback: Vec<String> = pod
             .spec
             .iter()
             .flat_map(|s| {
@@ -1034,24 +1078,42 @@ impl Worker {
                     .chain(s.init_containers.iter().flatten())
             })
             .filter(|c| c.termination_message_policy.as_deref() == Some("FallbackToLogsOnError"))
-            .map(|c| c.name.as_str())
+            .map(|c| c.name.clone())
             .collect();
-        self.log_messages
+        self.messages
             .retain(|id, _| current.iter().any(|c| &c.id == id));
+        let unread: Vec<ContainerStatus> = current
+            .iter()
+            .filter(|c| c.state == ContainerState::Exited && !self.messages.contains_key(&c.id))
+            .cloned()
+            .collect();
+        if !unread.is_empty() {
+            let files = PodFiles::new(&self.node.pods_dir, &self.uid);
+            let read = tokio::task::spawn_blocking(move || {
+                unread
+                    .into_iter()
+                    .map(|c| {
+                        let file = files.as_ref().map(|f| f.message(&c.name, c.attempt));
+                        let mut m = file.unwrap_or_default();
+                        if m.is_empty() && c.exit_code != 0 && fallback.contains(&c.name) {
+                            m = super::logs::termination_tail(Path::new(&c.log_path));
+                        }
+                        (c.id, m)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .unwrap_or_default();
+            self.messages.extend(read);
+        }
         current
             .iter()
             .map(|c| {
                 let mut c = c.clone();
-                if c.state == ContainerState::Exited
-                    && c.exit_code != 0
-                    && c.message.is_empty()
-                    && fallback.contains(&c.name.as_str())
-                {
-                    c.message = self
-                        .log_messages
-                        .entry(c.id.clone())
-                        .or_insert_with(|| super::logs::termination_tail(Path::new(&c.log_path)))
-                        .clone();
+                match self.messages.get(&c.id).filter(|m| !m.is_empty()) {
+                    Some(m) if c.message.is_empty() => c.message = m.clone(),
+                    Some(m) => c.message = format!("{}: {m}", c.message),
+                    None => {}
                 }
                 c
             })
@@ -1068,7 +1130,7 @@ impl Worker {
     }
 
     async fn report(&mut self, pod: &Pod, current: &[ContainerStatus], sandbox_ready: bool) {
-        let current = &self.with_log_messages(pod, current)[..];
+        let current = &self.with_messages(pod, current).await[..];
         let pod_ip = self.pod_ip(pod);
         let mut st = status::pod_status(
             pod,

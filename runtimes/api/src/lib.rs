@@ -114,9 +114,10 @@ pub struct SandboxConfig {
     pub host_ipc: bool,
     /// `kubepods/<qos>/pod<uid>` (cgroupfs driver).
     pub cgroup_parent: String,
-    /// Lines of the pod's `/etc/resolv.conf` and `/etc/hosts`.
+    /// Lines of the pod's `/etc/resolv.conf` (the runtime's to write, as
+    /// CRI's `DNSConfig`; the pod's `/etc/hosts` and termination-message
+    /// files are kubelet files, given as plain mounts).
     pub resolv_conf: String,
-    pub hosts: String,
     /// `hostPort`s of the pod's containers (CRI `PortMapping`).
     pub port_mappings: Vec<PortMapping>,
     /// The pod's `securityContext.sysctls`.
@@ -138,33 +139,6 @@ pub struct PortMapping {
     pub host_port: i32,
     /// Empty: all addresses.
     pub host_ip: String,
-}
-
-/// The pod's hosts file with its own name mapped to `ip`: upstream maps a
-/// pod's hostname to the pod IP, which a runtime learns only once the
-/// sandbox's network is up. The first line naming `hostname` after its
-/// address gets `ip`; nothing else changes.
-pub fn hosts_with_pod_ip(hosts: &str, hostname: &str, ip: &str) -> String {
-    let mut done = false;
-    let mut out = String::with_capacity(hosts.len() + ip.len());
-    for line in hosts.split_inclusive('\n') {
-        let mut fields = line.split_whitespace();
-        let is_ours =
-            !line.starts_with('#') && fields.next().is_some() && fields.any(|n| n == hostname);
-        if !done && is_ours {
-            let names = line.split_once(['\t', ' ']).map_or("", |(_, n)| n);
-            out.push_str(ip);
-            out.push('\t');
-            out.push_str(names.trim_start());
-            if !names.ends_with('\n') {
-                out.push('\n');
-            }
-            done = true;
-        } else {
-            out.push_str(line);
-        }
-    }
-    out
 }
 
 /// A bind mount into a container, or (CRI's image mounts) an image's
@@ -230,7 +204,6 @@ pub struct ContainerConfig {
     pub capabilities_add: Vec<String>,
     pub capabilities_drop: Vec<String>,
     pub sysctls: Vec<(String, String)>,
-    pub termination_message_path: String,
     /// `seccompProfile: RuntimeDefault` (container's, else the pod's).
     pub seccomp_runtime_default: bool,
     /// `stdin`, `stdinOnce`, `tty` of the pod spec (what attach needs).
@@ -548,18 +521,5 @@ pub trait Runtime: Send + Sync {
     /// `GetContainerEvents`); the periodic relist stays as the safety net.
     fn changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn hosts_map_the_pod_name_to_its_ip() {
-        let h = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n192.0.2.1\tweb\n10.1.2.3\tdb web-alias\n";
-        assert_eq!(
-            super::hosts_with_pod_ip(h, "web", "10.88.0.5"),
-            "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n10.88.0.5\tweb\n10.1.2.3\tdb web-alias\n"
-        );
-        assert_eq!(super::hosts_with_pod_ip(h, "absent", "10.88.0.5"), h);
     }
 }

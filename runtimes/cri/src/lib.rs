@@ -3,10 +3,10 @@
 //! the same [`Runtime`] trait as the in-process runtime, so the pod
 //! lifecycle drives either unchanged.
 //!
-//! What CRI leaves to the kubelet is done here, as upstream's
-//! `kuberuntime` does: the pod's `/etc/hosts` and termination-message files
-//! (kept under this runtime's state dir and mounted into containers), pod
-//! cgroups removed with their sandbox, container log rotation through
+//! What CRI leaves to the kubelet of the runtime's side is done here, as
+//! upstream's `kuberuntime` does: pod cgroups removed with their sandbox
+//! (the pod's `/etc/hosts` and termination-message files come from the pod
+//! side as plain mounts), container log rotation through
 //! `ReopenContainerLog`, and the PLEG's change detection (`GetContainerEvents`
 //! where the runtime streams them; the relist otherwise).
 
@@ -44,8 +44,6 @@ const POD_NAME: &str = "io.kubernetes.pod.name";
 const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
 const POD_UID: &str = "io.kubernetes.pod.uid";
 const CONTAINER_NAME: &str = "io.kubernetes.container.name";
-/// Where kinglet keeps a container's termination message on the host.
-const TERMINATION_FILE: &str = "io.kinglet.termination-message-file";
 
 /// Upstream's default `runtimeRequestTimeout`.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -71,8 +69,7 @@ struct Cached {
 pub struct CriRuntime {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
-    /// Per-pod files kinglet owns: `pods/<uid>/etc-hosts` and termination
-    /// message files.
+    /// Per-pod records of its own: `pods/<uid>/cgroup-parent`.
     dir: PathBuf,
     cgroup_root: PathBuf,
     statuses: Mutex<HashMap<String, Cached>>,
@@ -401,13 +398,6 @@ fn sandbox_config(cfg: &SandboxConfig) -> proto::PodSandboxConfig {
     }
 }
 
-fn unix_nanos_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
-
 /// A sandbox's interfaces from CRI's `NetworkUsage`, the default first.
 fn interfaces(n: proto::NetworkUsage) -> Vec<kinglet_runtime::InterfaceUsage> {
     let v = |x: Option<proto::UInt64Value>| x.map_or(0, |x| x.value);
@@ -435,14 +425,8 @@ fn convert_status(
         Ok(proto::ContainerState::ContainerExited) => ContainerState::Exited,
         _ => ContainerState::Unknown,
     };
-    let message = s
-        .annotations
-        .get(TERMINATION_FILE)
-        .filter(|_| state == ContainerState::Exited)
-        .and_then(|p| std::fs::read(p).ok())
-        .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
-        .filter(|m| !m.is_empty())
-        .unwrap_or(s.message);
+    // The termination message file is the kubelet's to read.
+    let message = s.message;
     let meta = s.metadata.unwrap_or_default();
     ContainerStatus {
         id: s.id,
@@ -599,10 +583,7 @@ impl Runtime for CriRuntime {
             tokio::fs::create_dir_all(&dir)
                 .await
                 .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
-            write_atomic(&dir.join("etc-hosts"), cfg.hosts.as_bytes())
-                .and_then(|_| {
-                    write_atomic(&dir.join("cgroup-parent"), cfg.cgroup_parent.as_bytes())
-                })
+            write_atomic(&dir.join("cgroup-parent"), cfg.cgroup_parent.as_bytes())
                 .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
             if !cfg.log_directory.is_empty() {
                 let _ = tokio::fs::create_dir_all(&cfg.log_directory).await;
@@ -632,12 +613,6 @@ impl Runtime for CriRuntime {
                 Ok(r) => {
                     let id = r.into_inner().pod_sandbox_id;
                     let ip = self.sandbox_ip(&id).await;
-                    if let Some(ip) = &ip {
-                        let hosts =
-                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, ip);
-                        write_atomic(&dir.join("etc-hosts"), hosts.as_bytes())
-                            .map_err(|e| RuntimeError::Other(format!("{}: {e}", dir.display())))?;
-                    }
                     Ok(SandboxStatus {
                         id,
                         pod_uid: cfg.pod_uid.clone(),
@@ -765,8 +740,7 @@ impl Runtime for CriRuntime {
         sandbox: &'a SandboxConfig,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
-            let pod_dir = self.pod_dir(&sandbox.pod_uid);
-            let mut mounts: Vec<proto::Mount> = cfg
+            let mounts: Vec<proto::Mount> = cfg
                 .mounts
                 .iter()
                 .map(|m| proto::Mount {
@@ -792,38 +766,6 @@ impl Runtime for CriRuntime {
                     ..Default::default()
                 })
                 .collect();
-            // The kubelet-managed /etc/hosts, as upstream mounts it.
-            if !mounts.iter().any(|m| m.container_path == "/etc/hosts") {
-                mounts.push(proto::Mount {
-                    container_path: "/etc/hosts".into(),
-                    host_path: pod_dir.join("etc-hosts").display().to_string(),
-                    ..Default::default()
-                });
-            }
-            let mut annotations = HashMap::new();
-            if !cfg.termination_message_path.is_empty() {
-                let file = pod_dir.join(format!(
-                    "termination-{}-{}-{}",
-                    cfg.name,
-                    cfg.attempt,
-                    unix_nanos_now()
-                ));
-                // 0666, as upstream's kubelet makes it: a container running
-                // as any user can write its termination message.
-                std::fs::create_dir_all(&pod_dir)
-                    .and_then(|_| std::fs::write(&file, b""))
-                    .and_then(|_| {
-                        use std::os::unix::fs::PermissionsExt;
-                        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666))
-                    })
-                    .map_err(|e| RuntimeError::Other(format!("{}: {e}", file.display())))?;
-                mounts.push(proto::Mount {
-                    container_path: cfg.termination_message_path.clone(),
-                    host_path: file.display().to_string(),
-                    ..Default::default()
-                });
-                annotations.insert(TERMINATION_FILE.to_string(), file.display().to_string());
-            }
             let mut labels = pod_labels(sandbox);
             labels.insert(CONTAINER_NAME.into(), cfg.name.clone());
             let int64 = |v: Option<u32>| {
@@ -853,7 +795,7 @@ impl Runtime for CriRuntime {
                     .collect(),
                 mounts,
                 labels,
-                annotations,
+                annotations: HashMap::new(),
                 log_path: cfg.log_path.clone(),
                 stdin: cfg.stdin,
                 stdin_once: cfg.stdin_once,
@@ -952,11 +894,6 @@ impl Runtime for CriRuntime {
 
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
-            let file = self
-                .fetch_status(id)
-                .await
-                .ok()
-                .and_then(|s| s.annotations.get(TERMINATION_FILE).cloned());
             match self
                 .rt()
                 .remove_container(request(
@@ -970,11 +907,6 @@ impl Runtime for CriRuntime {
                 Ok(_) => {}
                 Err(s) if s.code() == tonic::Code::NotFound => {}
                 Err(s) => return Err(status_err("RemoveContainer", s)),
-            }
-            if let Some(f) = file
-                && Path::new(&f).starts_with(&self.dir)
-            {
-                let _ = std::fs::remove_file(f);
             }
             if let Ok(mut m) = self.statuses.lock() {
                 m.remove(id);
@@ -1449,30 +1381,5 @@ mod tests {
             (ns.pid, ns.target_id.as_str()),
             (proto::NamespaceMode::Node as i32, "")
         );
-    }
-
-    #[test]
-    fn statuses_carry_the_termination_message_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("msg");
-        std::fs::write(&f, "bye").unwrap();
-        let s = proto::ContainerStatus {
-            id: "c1".into(),
-            state: proto::ContainerState::ContainerExited as i32,
-            exit_code: 3,
-            reason: "Error".into(),
-            image_ref: "sha256:abc".into(),
-            annotations: HashMap::from([(TERMINATION_FILE.into(), f.display().to_string())]),
-            metadata: Some(proto::ContainerMetadata {
-                name: "c".into(),
-                attempt: 2,
-            }),
-            ..Default::default()
-        };
-        let st = convert_status(s, "u1".into(), "s1".into());
-        assert_eq!(st.state, ContainerState::Exited);
-        assert_eq!((st.exit_code, st.message.as_str()), (3, "bye"));
-        assert_eq!((st.name.as_str(), st.attempt), ("c", 2));
-        assert_eq!(st.image_id, "sha256:abc");
     }
 }

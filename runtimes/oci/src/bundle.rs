@@ -136,11 +136,12 @@ fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
-/// The pod's hosts, resolv.conf and hostname files, the termination log and
-/// the pod's volume mounts (image mounts read-only from the store).
+/// The pod's resolv.conf and hostname files and the container's mounts
+/// (the kubelet's files among them; image mounts read-only from the
+/// store).
 fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
     let (sandbox_dir, dir, cfg) = (&input.sandbox_dir, &input.dir, &input.cfg);
-    let mut mounts: Vec<spec::BindMount> = ["hosts", "resolv.conf", "hostname"]
+    let mut mounts: Vec<spec::BindMount> = ["resolv.conf", "hostname"]
         .into_iter()
         .map(|f| spec::BindMount {
             source: sandbox_dir.join(f),
@@ -149,22 +150,6 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
             propagation: Default::default(),
         })
         .collect();
-    if !cfg.termination_message_path.is_empty() {
-        let tl = dir.join("termination-log");
-        // 0666, as upstream's kubelet makes it: any user may write it.
-        std::fs::write(&tl, b"")
-            .and_then(|_| {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&tl, std::fs::Permissions::from_mode(0o666))
-            })
-            .map_err(|e| rt_err("termination log", e))?;
-        mounts.push(spec::BindMount {
-            source: tl,
-            destination: cfg.termination_message_path.clone(),
-            readonly: false,
-            propagation: Default::default(),
-        });
-    }
     for (i, m) in cfg.mounts.iter().enumerate() {
         let image = input.image_mounts.iter().find(|(n, _)| *n == i);
         let (source, readonly) = match image {

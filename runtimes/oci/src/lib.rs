@@ -5,9 +5,11 @@
 //! and writes their logs.
 //!
 //! Layout under the runtime dir (`<root-dir>/runtime/oci`):
-//! - `sandboxes/<id>/`: `meta.json`, the pod's `hosts` and `resolv.conf`;
+//! - `sandboxes/<id>/`: `meta.json`, the pod's `resolv.conf` and
+//!   `hostname` (its `/etc/hosts` and termination-message files are the
+//!   kubelet's, given as mounts);
 //! - `containers/<id>/`: `meta.json`, `config.json`, `rootfs/` (an overlay
-//!   mount, or a flattened copy), `upper/`, `work/`, `termination-log`;
+//!   mount, or a flattened copy), `upper/`, `work/`;
 //! - `monitor/`: the monitor's socket, records and libcontainer state.
 //!
 //! Networking: every pod shares the host network namespace until CNI
@@ -643,7 +645,7 @@ fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<Co
         let Some(meta) = read_json::<ContainerMeta>(&dir.join("meta.json")) else {
             continue;
         };
-        out.push(container_status(r, meta, &dir));
+        out.push(container_status(r, meta));
     }
     let Ok(rd) = std::fs::read_dir(containers) else {
         return out;
@@ -667,7 +669,7 @@ fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<Co
             created_at: at,
             ..Default::default()
         };
-        out.push(container_status(r, meta, &e.path()));
+        out.push(container_status(r, meta));
     }
     out
 }
@@ -675,11 +677,7 @@ fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<Co
 /// A container as CRI reports it, from the monitor's record and the meta
 /// kinglet wrote; a start refused before the process ran reads as an exit
 /// with code 128 and reason `StartError`, as containerd reports it.
-fn container_status(
-    r: monitor::ContainerRecord,
-    meta: ContainerMeta,
-    dir: &Path,
-) -> ContainerStatus {
+fn container_status(r: monitor::ContainerRecord, meta: ContainerMeta) -> ContainerStatus {
     let mut state = match r.status.as_str() {
         "created" => ContainerState::Created,
         "running" => ContainerState::Running,
@@ -705,11 +703,8 @@ fn container_status(
                 _ if exit_code == 0 => "Completed",
                 _ => "Error",
             };
-            // Only an exited container has a message to report.
-            let message = std::fs::read(dir.join("termination-log"))
-                .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
-                .unwrap_or_default();
-            (reason, exit_code, message)
+            // The termination message is the kubelet's to read.
+            (reason, exit_code, String::new())
         }
         _ => ("", exit_code, String::new()),
     };
@@ -858,7 +853,6 @@ impl Runtime for OciRuntime {
             let id = new_id();
             let dir = self.sandbox_dir(&id);
             std::fs::create_dir_all(&dir).map_err(|e| rt_err("sandbox dir", e))?;
-            std::fs::write(dir.join("hosts"), &cfg.hosts).map_err(|e| rt_err("hosts", e))?;
             std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf)
                 .map_err(|e| rt_err("resolv.conf", e))?;
             std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname))
@@ -917,14 +911,7 @@ impl Runtime for OciRuntime {
                 (Ok(()), _, _) => Ok(None),
             };
             match added {
-                Ok(ip) => {
-                    if let Some(ip) = &ip {
-                        let hosts =
-                            kinglet_runtime::hosts_with_pod_ip(&cfg.hosts, &cfg.hostname, ip);
-                        std::fs::write(dir.join("hosts"), hosts).map_err(|e| rt_err("hosts", e))?;
-                    }
-                    meta.ip = ip;
-                }
+                Ok(ip) => meta.ip = ip,
                 Err(e) => {
                     if let (Some(cni), Some(netns)) = (&self.cni, &ns.net) {
                         let _ = cni.del(&id, netns, &pod).await;

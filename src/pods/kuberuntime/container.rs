@@ -199,14 +199,18 @@ pub fn container_config(
             .flatten()
             .map(|s| (s.name.clone(), s.value.clone()))
             .collect(),
-        termination_message_path: c
-            .termination_message_path
-            .clone()
-            .unwrap_or_else(|| "/dev/termination-log".into()),
         // Resolved by the worker from the runtime cache (it needs IDs).
         pid_target: None,
     };
     Ok((cfg, sub_paths))
+}
+
+/// Where the container's termination message is mounted (upstream's
+/// default `/dev/termination-log`); empty: none.
+pub fn termination_message_path(c: &Container) -> &str {
+    c.termination_message_path
+        .as_deref()
+        .unwrap_or("/dev/termination-log")
 }
 
 /// Upstream's `verifyRunAsNonRoot`: with `runAsNonRoot`, the container's
@@ -476,7 +480,10 @@ mod tests {
         assert_eq!(env["MEM"], "64");
         assert_eq!(c.log_path, "a/2.log");
         assert_eq!(c.memory_limit, Some(64 << 20));
-        assert_eq!(c.termination_message_path, "/dev/termination-log");
+        assert_eq!(
+            termination_message_path(&p.spec.as_ref().unwrap().containers[0]),
+            "/dev/termination-log"
+        );
     }
 
     #[test]

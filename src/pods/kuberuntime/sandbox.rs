@@ -1,7 +1,8 @@
 //! The sandbox config (upstream's `kuberuntime_sandbox` and `dns`): the
-//! hostname, `/etc/resolv.conf` and `/etc/hosts` as the kubelet writes
-//! them, the host ports, sysctls, cgroup parent and log dir, from the pod
-//! spec and the node's facts alone.
+//! hostname and `/etc/resolv.conf`, the host ports, sysctls, cgroup parent
+//! and log dir; and the pod's `/etc/hosts` as the kubelet writes it (the
+//! worker mounts it into each container). From the pod spec, the node's
+//! facts and the pod's IP alone.
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kinglet_runtime::{PortMapping, SandboxConfig};
@@ -11,7 +12,7 @@ use crate::pods::util::{
     NodeFacts, ephemeral_containers, log_directory, namespace_and_name, pod_uid,
 };
 
-/// The sandbox: hostname, DNS and hosts file as the kubelet writes them.
+/// The sandbox: hostname and DNS as the kubelet gives them.
 pub fn sandbox_config(pod: &Pod, node: &NodeFacts) -> SandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let (ns, name) = namespace_and_name(pod);
@@ -22,21 +23,11 @@ pub fn sandbox_config(pod: &Pod, node: &NodeFacts) -> SandboxConfig {
     } else if spec.set_hostname_as_fqdn == Some(true) && !domain.is_empty() {
         format!("{short}.{domain}")
     } else {
-        short.clone()
-    };
-    let hosts_name = if host_network {
-        hostname.clone()
-    } else {
         short
     };
     SandboxConfig {
         pod_uid: pod_uid(pod),
         resolv_conf: resolv_conf(&spec, &ns, node),
-        hosts: if host_network {
-            node_hosts_file(&spec, node)
-        } else {
-            hosts_file(&spec, &hosts_name, &domain, node)
-        },
         pod_name: name,
         namespace: ns,
         hostname,
@@ -55,6 +46,19 @@ pub fn sandbox_config(pod: &Pod, node: &NodeFacts) -> SandboxConfig {
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
         privileged: has_privileged_container(&spec),
     }
+}
+
+/// The pod's `/etc/hosts` (upstream's `ensureHostsFile`): a host-network
+/// pod's is the node's own; any other's maps the pod's host name (and its
+/// FQDN, with a subdomain) to `pod_ip`, then its `hostAliases`.
+pub fn etc_hosts(pod: &Pod, node: &NodeFacts, pod_ip: &str) -> String {
+    let spec = pod.spec.clone().unwrap_or_default();
+    if spec.host_network.unwrap_or(false) {
+        return node_hosts_file(&spec, node);
+    }
+    let (ns, name) = namespace_and_name(pod);
+    let (short, domain) = host_and_domain(&spec, &ns, &name, node);
+    hosts_file(&spec, &short, &domain, pod_ip)
 }
 
 /// Upstream's `HasPrivilegedContainer`: any init, regular or ephemeral
@@ -155,17 +159,14 @@ fn host_and_domain(spec: &PodSpec, ns: &str, name: &str, node: &NodeFacts) -> (S
 /// The pod's `/etc/hosts` as upstream's `managedHostsFileContent`:
 /// localhost and the IPv6 names, its own name (with its FQDN when it has a
 /// domain), its `hostAliases`.
-fn hosts_file(spec: &PodSpec, hostname: &str, domain: &str, node: &NodeFacts) -> String {
+fn hosts_file(spec: &PodSpec, hostname: &str, domain: &str, ip: &str) -> String {
     let mut hosts = String::from(
         "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
     );
     if domain.is_empty() {
-        hosts.push_str(&format!("{}\t{hostname}\n", node.node_ip));
+        hosts.push_str(&format!("{ip}\t{hostname}\n"));
     } else {
-        hosts.push_str(&format!(
-            "{}\t{hostname}.{domain}\t{hostname}\n",
-            node.node_ip
-        ));
+        hosts.push_str(&format!("{ip}\t{hostname}.{domain}\t{hostname}\n"));
     }
     hosts.push_str(&host_aliases(spec));
     hosts
@@ -259,10 +260,12 @@ mod tests {
             log_root: "/var/log/pods".into(),
             ..Default::default()
         };
+        let ip = "10.88.0.5";
         let s = sandbox_config(&p, &node);
         assert_eq!(s.hostname, "web");
         assert!(s.resolv_conf.starts_with("nameserver 10.96.0.10\nsearch edge.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5"), "{}", s.resolv_conf);
-        assert!(s.hosts.contains("10.1.2.3\tdb") && s.hosts.contains("192.0.2.1\tweb"));
+        let hosts = etc_hosts(&p, &node, ip);
+        assert!(hosts.contains("10.1.2.3\tdb") && hosts.contains("10.88.0.5\tweb\n"));
         assert_eq!(s.log_directory, "/var/log/pods/edge_web_u-1");
         assert_eq!(s.cgroup_parent, "kubepods/besteffort/podu-1");
         // A subdomain gives the FQDN line; setHostnameAsFQDN the FQDN as
@@ -270,19 +273,21 @@ mod tests {
         let sub = pod(&format!(
             "{BASE}spec:\n  subdomain: db\n  setHostnameAsFQDN: true\n  containers: [{{name: a, image: x}}]\n"
         ));
-        let s = sandbox_config(&sub, &node);
-        assert_eq!(s.hostname, "web.db.edge.svc.cluster.local");
+        assert_eq!(
+            sandbox_config(&sub, &node).hostname,
+            "web.db.edge.svc.cluster.local"
+        );
+        let hosts = etc_hosts(&sub, &node, ip);
         assert!(
-            s.hosts
-                .contains("192.0.2.1\tweb.db.edge.svc.cluster.local\tweb\n"),
-            "{}",
-            s.hosts
+            hosts.contains("10.88.0.5\tweb.db.edge.svc.cluster.local\tweb\n"),
+            "{hosts}"
         );
         let over = pod(&format!(
             "{BASE}spec:\n  hostname: h\n  subdomain: db\n  hostnameOverride: other\n  containers: [{{name: a, image: x}}]\n"
         ));
-        let s = sandbox_config(&over, &node);
-        assert_eq!(s.hostname, "other");
+        assert_eq!(sandbox_config(&over, &node).hostname, "other");
+        let hosts = etc_hosts(&over, &node, ip);
+        assert!(hosts.contains("10.88.0.5\tother\n"), "{hosts}");
         // hostNetwork: the node's own file under its header, then aliases.
         let d = tempfile::tempdir().unwrap();
         let etc = d.path().join("hosts");
@@ -295,9 +300,8 @@ mod tests {
             "{BASE}spec:\n  hostNetwork: true\n  hostAliases: [{{ip: 10.1.2.3, hostnames: [db, db2]}}]\n  containers: [{{name: a, image: x}}]\n"
         ));
         assert_eq!(
-            sandbox_config(&hn, &host_node).hosts,
+            etc_hosts(&hn, &host_node, ip),
             "# Kubernetes-managed hosts file (host network).\n10.0.0.5\tthe-node\n\n# Entries added by HostAliases.\n10.1.2.3\tdb\tdb2\n"
         );
-        assert!(s.hosts.contains("192.0.2.1\tother\n"), "{}", s.hosts);
     }
 }
