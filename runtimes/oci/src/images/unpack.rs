@@ -356,247 +356,269 @@ fn apply_layer_inner(
         limit,
     };
     let mut archive = tar::Archive::new(hashing);
-    let mut created: HashSet<Vec<u8>> = HashSet::new();
-    let mut opaque: Vec<Vec<u8>> = Vec::new();
-    let mut dir_times: Vec<(Vec<u8>, u64)> = Vec::new();
-    {
-        let entries = archive.entries().map_err(UnpackError::Read)?;
-        for entry in entries {
-            let mut entry = entry.map_err(UnpackError::Read)?;
-            let raw = entry.path_bytes().into_owned();
-            let comps = components(&raw)?;
-            let Some((name, parents)) = comps.split_last() else {
-                continue; // the root itself
-            };
-            let path_str = String::from_utf8_lossy(&raw).into_owned();
-            let err = |source: io::Error| UnpackError::Entry {
-                path: path_str.clone(),
-                source,
-            };
-            let parent = w.dir(parents).map_err(err)?;
-            let name_b = name.as_bytes();
-
-            if let Some(hidden) = name_b.strip_prefix(b".wh.") {
-                if hidden == b".wh..opq" {
-                    match w.whiteouts {
-                        Whiteouts::Overlay => {
-                            rustix::fs::fsetxattr(
-                                &parent,
-                                OPAQUE_XATTR,
-                                b"y",
-                                rustix::fs::XattrFlags::empty(),
-                            )
-                            .map_err(|e| err(e.into()))?;
-                        }
-                        Whiteouts::Apply => opaque.push(join(parents)),
-                    }
-                } else {
-                    let hidden = OsStr::from_bytes(hidden);
-                    RootWriter::remove_all(&parent, hidden).map_err(err)?;
-                    if w.whiteouts == Whiteouts::Overlay {
-                        rustix::fs::mknodat(
-                            &parent,
-                            hidden,
-                            rustix::fs::FileType::CharacterDevice,
-                            Mode::empty(),
-                            rustix::fs::makedev(0, 0),
-                        )
-                        .map_err(|e| err(e.into()))?;
-                    }
-                }
-                continue;
-            }
-
-            let mut xattrs = Vec::new();
-            if let Ok(Some(exts)) = entry.pax_extensions() {
-                for ext in exts.flatten() {
-                    if let Some(k) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
-                        // Overlay markers come only from whiteout entries.
-                        if !k.starts_with(b"trusted.overlay.") {
-                            xattrs.push((k.to_vec(), ext.value_bytes().to_vec()));
-                        }
-                    }
-                }
-            }
-            let h = entry.header().clone();
-            let meta = Meta {
-                uid: h.uid().unwrap_or(0) as u32,
-                gid: h.gid().unwrap_or(0) as u32,
-                mode: h.mode().unwrap_or(0o644),
-                mtime: h.mtime().unwrap_or(0),
-                xattrs,
-            };
-            let kind = h.entry_type();
-            let full = join(&comps);
-            created.insert(full.clone());
-            let is_dir = kind == tar::EntryType::Directory;
-            RootWriter::clear_for(&parent, name, is_dir).map_err(err)?;
-            match kind {
-                tar::EntryType::Regular | tar::EntryType::Continuous => {
-                    let fd = rustix::fs::openat(
-                        &parent,
-                        *name,
-                        OFlags::CREATE
-                            | OFlags::EXCL
-                            | OFlags::WRONLY
-                            | OFlags::NOFOLLOW
-                            | OFlags::CLOEXEC,
-                        Mode::from_raw_mode(0o600),
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    let mut file = std::fs::File::from(fd);
-                    io::copy(&mut entry, &mut file).map_err(err)?;
-                    let fd = OwnedFd::from(file);
-                    set_fd_meta(&fd, &meta, true).map_err(err)?;
-                }
-                tar::EntryType::Directory => {
-                    match rustix::fs::mkdirat(&parent, *name, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => return Err(err(e.into())),
-                    }
-                    let fd = rustix::fs::openat(
-                        &parent,
-                        *name,
-                        dir_flags() | OFlags::NOFOLLOW,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    set_fd_meta(&fd, &meta, false).map_err(err)?;
-                    dir_times.push((full, meta.mtime));
-                }
-                tar::EntryType::Symlink => {
-                    let target = entry
-                        .link_name_bytes()
-                        .ok_or_else(|| {
-                            err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "symlink without target",
-                            ))
-                        })?
-                        .into_owned();
-                    rustix::fs::symlinkat(OsStr::from_bytes(&target), &parent, *name)
-                        .map_err(|e| err(e.into()))?;
-                    rustix::fs::chownat(
-                        &parent,
-                        *name,
-                        Some(rustix::fs::Uid::from_raw(meta.uid)),
-                        Some(rustix::fs::Gid::from_raw(meta.gid)),
-                        AtFlags::SYMLINK_NOFOLLOW,
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    rustix::fs::utimensat(
-                        &parent,
-                        *name,
-                        &stamp(meta.mtime),
-                        AtFlags::SYMLINK_NOFOLLOW,
-                    )
-                    .map_err(|e| err(e.into()))?;
-                }
-                tar::EntryType::Link => {
-                    let target = entry
-                        .link_name_bytes()
-                        .ok_or_else(|| {
-                            err(io::Error::new(
-                                io::ErrorKind::InvalidData,
-                                "hardlink without target",
-                            ))
-                        })?
-                        .into_owned();
-                    let tcomps = components(&target)?;
-                    let src = rustix::fs::openat2(
-                        &w.root,
-                        join(&tcomps),
-                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                        in_root(),
-                    )
-                    .map_err(|e| match e {
-                        // Resolved inside the root, as every target is: a
-                        // link to a host file finds nothing there.
-                        Errno::NOENT => UnpackError::Hostile {
-                            path: path_str.clone(),
-                            why: "hard link to a file not in the image",
-                        },
-                        e => err(e.into()),
-                    })?;
-                    rustix::fs::linkat(&src, "", &parent, *name, AtFlags::EMPTY_PATH)
-                        .map_err(|e| err(e.into()))?;
-                }
-                tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
-                    let ft = match kind {
-                        tar::EntryType::Char => rustix::fs::FileType::CharacterDevice,
-                        tar::EntryType::Block => rustix::fs::FileType::BlockDevice,
-                        _ => rustix::fs::FileType::Fifo,
-                    };
-                    let dev = rustix::fs::makedev(
-                        h.device_major().ok().flatten().unwrap_or(0),
-                        h.device_minor().ok().flatten().unwrap_or(0),
-                    );
-                    rustix::fs::mknodat(
-                        &parent,
-                        *name,
-                        ft,
-                        Mode::from_raw_mode(meta.mode & 0o7777),
-                        dev,
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    let fd = rustix::fs::openat(
-                        &parent,
-                        *name,
-                        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    // O_PATH fds take chown/chmod through the /proc link.
-                    let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-                    rustix::fs::chown(
-                        proc.as_str(),
-                        Some(rustix::fs::Uid::from_raw(meta.uid)),
-                        Some(rustix::fs::Gid::from_raw(meta.gid)),
-                    )
-                    .map_err(|e| err(e.into()))?;
-                    rustix::fs::chmod(proc.as_str(), Mode::from_raw_mode(meta.mode & 0o7777))
-                        .map_err(|e| err(e.into()))?;
-                }
-                tar::EntryType::XGlobalHeader
-                | tar::EntryType::XHeader
-                | tar::EntryType::GNULongName
-                | tar::EntryType::GNULongLink => {}
-                other => {
-                    return Err(UnpackError::Unsupported {
-                        path: path_str,
-                        kind: format!("{other:?}"),
-                    });
-                }
-            }
-        }
+    let mut pass = Pass::default();
+    for entry in archive.entries().map_err(UnpackError::Read)? {
+        let mut entry = entry.map_err(UnpackError::Read)?;
+        apply_entry(&w, &mut entry, &mut pass)?;
     }
-
-    // Opaque directories (Apply mode): drop what lower layers put there.
-    for dir in opaque {
-        let comps = components(&dir)?;
-        let fd = w.dir(&comps).map_err(UnpackError::Read)?;
-        let base = if comps.is_empty() {
-            Vec::new()
-        } else {
-            dir.clone()
-        };
-        RootWriter::clear_dir(&fd, &created, &base).map_err(UnpackError::Read)?;
-    }
-    // Directory times last: creating children changed them.
-    for (dir, mtime) in dir_times.into_iter().rev() {
-        let comps = components(&dir)?;
-        if let Ok(fd) = w.dir(&comps) {
-            let _ = rustix::fs::futimens(&fd, &stamp(mtime));
-        }
-    }
-
+    pass.finish(&w)?;
     let mut rest = archive.into_inner();
     io::copy(&mut rest, &mut io::sink()).map_err(UnpackError::Read)?;
     Ok(Applied {
         diff_id: format!("sha256:{}", hex::encode(rest.hash.finalize())),
         tar_bytes: rest.bytes,
     })
+}
+
+/// What one layer's pass keeps for after its entries.
+#[derive(Default)]
+struct Pass {
+    /// Every path the layer made (kept by an opaque directory's clearing).
+    created: HashSet<Vec<u8>>,
+    /// Opaque directories (Apply mode), cleared of what lower layers put
+    /// there once the layer is in.
+    opaque: Vec<Vec<u8>>,
+    /// Directories and their mtimes, set last (children change them).
+    dir_times: Vec<(Vec<u8>, u64)>,
+}
+
+impl Pass {
+    fn finish(self, w: &RootWriter) -> Result<(), UnpackError> {
+        for dir in self.opaque {
+            let comps = components(&dir)?;
+            let fd = w.dir(&comps).map_err(UnpackError::Read)?;
+            let base = if comps.is_empty() {
+                Vec::new()
+            } else {
+                dir.clone()
+            };
+            RootWriter::clear_dir(&fd, &self.created, &base).map_err(UnpackError::Read)?;
+        }
+        for (dir, mtime) in self.dir_times.into_iter().rev() {
+            let comps = components(&dir)?;
+            if let Ok(fd) = w.dir(&comps) {
+                let _ = rustix::fs::futimens(&fd, &stamp(mtime));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One tar entry applied under the root: a whiteout, or a file, directory,
+/// link or node made with its owner, mode, times and xattrs.
+fn apply_entry<R: Read>(
+    w: &RootWriter,
+    entry: &mut tar::Entry<'_, R>,
+    pass: &mut Pass,
+) -> Result<(), UnpackError> {
+    let raw = entry.path_bytes().into_owned();
+    let comps = components(&raw)?;
+    let Some((name, parents)) = comps.split_last() else {
+        return Ok(()); // the root itself
+    };
+    let path = String::from_utf8_lossy(&raw).into_owned();
+    let err = |source: io::Error| UnpackError::Entry {
+        path: path.clone(),
+        source,
+    };
+    let parent = w.dir(parents).map_err(err)?;
+    if let Some(hidden) = name.as_bytes().strip_prefix(b".wh.") {
+        return whiteout(w, &parent, parents, hidden, pass).map_err(err);
+    }
+    let h = entry.header().clone();
+    let meta = entry_meta(entry, &h);
+    let kind = h.entry_type();
+    let full = join(&comps);
+    pass.created.insert(full.clone());
+    RootWriter::clear_for(&parent, name, kind == tar::EntryType::Directory).map_err(err)?;
+    match kind {
+        tar::EntryType::Regular | tar::EntryType::Continuous => {
+            write_file(&parent, name, entry, &meta).map_err(err)
+        }
+        tar::EntryType::Directory => {
+            make_dir(&parent, name, &meta).map_err(err)?;
+            pass.dir_times.push((full, meta.mtime));
+            Ok(())
+        }
+        tar::EntryType::Symlink => {
+            let target = link_target(entry, "symlink without target").map_err(err)?;
+            make_symlink(&parent, name, &target, &meta).map_err(err)
+        }
+        tar::EntryType::Link => {
+            let target = link_target(entry, "hardlink without target").map_err(err)?;
+            make_hardlink(w, &parent, name, &target, &path)
+        }
+        tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo => {
+            make_node(&parent, name, kind, &h, &meta).map_err(err)
+        }
+        tar::EntryType::XGlobalHeader
+        | tar::EntryType::XHeader
+        | tar::EntryType::GNULongName
+        | tar::EntryType::GNULongLink => Ok(()),
+        other => Err(UnpackError::Unsupported {
+            path,
+            kind: format!("{other:?}"),
+        }),
+    }
+}
+
+/// A whiteout entry: `.wh..opq` makes its directory opaque (an xattr for
+/// overlay, a clearing after the layer when applied), `.wh.<name>` removes
+/// `name` (and leaves overlay's 0:0 character device in its place).
+fn whiteout(
+    w: &RootWriter,
+    parent: &OwnedFd,
+    parents: &[&OsStr],
+    hidden: &[u8],
+    pass: &mut Pass,
+) -> io::Result<()> {
+    if hidden == b".wh..opq" {
+        match w.whiteouts {
+            Whiteouts::Overlay => {
+                rustix::fs::fsetxattr(parent, OPAQUE_XATTR, b"y", rustix::fs::XattrFlags::empty())?
+            }
+            Whiteouts::Apply => pass.opaque.push(join(parents)),
+        }
+        return Ok(());
+    }
+    let hidden = OsStr::from_bytes(hidden);
+    RootWriter::remove_all(parent, hidden)?;
+    if w.whiteouts == Whiteouts::Overlay {
+        rustix::fs::mknodat(
+            parent,
+            hidden,
+            rustix::fs::FileType::CharacterDevice,
+            Mode::empty(),
+            rustix::fs::makedev(0, 0),
+        )?;
+    }
+    Ok(())
+}
+
+/// The entry's owner, mode, mtime and xattrs (overlay's markers come only
+/// from whiteout entries, never from an xattr a layer carries).
+fn entry_meta<R: Read>(entry: &mut tar::Entry<'_, R>, h: &tar::Header) -> Meta {
+    let mut xattrs = Vec::new();
+    if let Ok(Some(exts)) = entry.pax_extensions() {
+        for ext in exts.flatten() {
+            if let Some(k) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.")
+                && !k.starts_with(b"trusted.overlay.")
+            {
+                xattrs.push((k.to_vec(), ext.value_bytes().to_vec()));
+            }
+        }
+    }
+    Meta {
+        uid: h.uid().unwrap_or(0) as u32,
+        gid: h.gid().unwrap_or(0) as u32,
+        mode: h.mode().unwrap_or(0o644),
+        mtime: h.mtime().unwrap_or(0),
+        xattrs,
+    }
+}
+
+fn link_target<R: Read>(entry: &tar::Entry<'_, R>, missing: &str) -> io::Result<Vec<u8>> {
+    entry
+        .link_name_bytes()
+        .map(|t| t.into_owned())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, missing.to_string()))
+}
+
+fn write_file(parent: &OwnedFd, name: &OsStr, data: &mut impl Read, meta: &Meta) -> io::Result<()> {
+    let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(parent, name, flags, Mode::from_raw_mode(0o600))?;
+    let mut file = std::fs::File::from(fd);
+    io::copy(data, &mut file)?;
+    set_fd_meta(&OwnedFd::from(file), meta, true)
+}
+
+fn make_dir(parent: &OwnedFd, name: &OsStr, meta: &Meta) -> io::Result<()> {
+    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let fd = rustix::fs::openat(parent, name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())?;
+    set_fd_meta(&fd, meta, false)
+}
+
+fn make_symlink(parent: &OwnedFd, name: &OsStr, target: &[u8], meta: &Meta) -> io::Result<()> {
+    rustix::fs::symlinkat(OsStr::from_bytes(target), parent, name)?;
+    rustix::fs::chownat(
+        parent,
+        name,
+        Some(rustix::fs::Uid::from_raw(meta.uid)),
+        Some(rustix::fs::Gid::from_raw(meta.gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    rustix::fs::utimensat(parent, name, &stamp(meta.mtime), AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(())
+}
+
+/// A hard link to `target`, resolved inside the root as every target is:
+/// a link to a host file finds nothing there and is refused.
+fn make_hardlink(
+    w: &RootWriter,
+    parent: &OwnedFd,
+    name: &OsStr,
+    target: &[u8],
+    path: &str,
+) -> Result<(), UnpackError> {
+    let err = |e: Errno| UnpackError::Entry {
+        path: path.to_string(),
+        source: e.into(),
+    };
+    let tcomps = components(target)?;
+    let src = rustix::fs::openat2(
+        &w.root,
+        join(&tcomps),
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        in_root(),
+    )
+    .map_err(|e| match e {
+        Errno::NOENT => UnpackError::Hostile {
+            path: path.to_string(),
+            why: "hard link to a file not in the image",
+        },
+        e => err(e),
+    })?;
+    rustix::fs::linkat(&src, "", parent, name, AtFlags::EMPTY_PATH).map_err(err)
+}
+
+/// A device node or FIFO with its owner and mode.
+fn make_node(
+    parent: &OwnedFd,
+    name: &OsStr,
+    kind: tar::EntryType,
+    h: &tar::Header,
+    meta: &Meta,
+) -> io::Result<()> {
+    let ft = match kind {
+        tar::EntryType::Char => rustix::fs::FileType::CharacterDevice,
+        tar::EntryType::Block => rustix::fs::FileType::BlockDevice,
+        _ => rustix::fs::FileType::Fifo,
+    };
+    let dev = rustix::fs::makedev(
+        h.device_major().ok().flatten().unwrap_or(0),
+        h.device_minor().ok().flatten().unwrap_or(0),
+    );
+    let mode = Mode::from_raw_mode(meta.mode & 0o7777);
+    rustix::fs::mknodat(parent, name, ft, mode, dev)?;
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    // O_PATH fds take chown/chmod through the /proc link.
+    let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::fs::chown(
+        proc.as_str(),
+        Some(rustix::fs::Uid::from_raw(meta.uid)),
+        Some(rustix::fs::Gid::from_raw(meta.gid)),
+    )?;
+    rustix::fs::chmod(proc.as_str(), mode)?;
+    Ok(())
 }
 
 /// Whether the running kernel offers overlayfs.
