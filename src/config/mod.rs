@@ -551,6 +551,16 @@ impl KubeletConfiguration {
 
     /// Checks every field's value; the first problem is returned.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_network()?;
+        self.validate_periods()?;
+        self.validate_tls()?;
+        self.validate_disk()?;
+        self.validate_node()?;
+        Ok(())
+    }
+
+    /// Ports, addresses and cluster DNS.
+    fn validate_network(&self) -> Result<(), ConfigError> {
         let port = |field: &str, v: i32, zero_ok: bool| {
             if (zero_ok && v == 0) || (1..=65535).contains(&v) {
                 Ok(())
@@ -584,6 +594,11 @@ impl KubeletConfiguration {
                 format!("{:?} is not a DNS domain", self.cluster_domain),
             ));
         }
+        Ok(())
+    }
+
+    /// Counts, limits and periods that must be positive.
+    fn validate_periods(&self) -> Result<(), ConfigError> {
         if self.max_pods <= 0 {
             return Err(field_err(
                 "maxPods",
@@ -618,6 +633,11 @@ impl KubeletConfiguration {
                 return Err(field_err(field, "must be greater than 0"));
             }
         }
+        Ok(())
+    }
+
+    /// The kubelet API's TLS and streaming settings.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
         for (i, s) in self.tls_cipher_suites.iter().enumerate() {
             if !TLS12_SUITES.iter().any(|(n, _)| n == s) && !TLS13_SUITES.contains(&s.as_str()) {
                 return Err(field_err(
@@ -651,6 +671,11 @@ impl KubeletConfiguration {
                 "must be greater than 0 (0 would keep idle streams open forever)",
             ));
         }
+        Ok(())
+    }
+
+    /// Image GC thresholds and container log rotation.
+    fn validate_disk(&self) -> Result<(), ConfigError> {
         let (hi, lo) = (
             self.image_gc_high_threshold_percent,
             self.image_gc_low_threshold_percent,
@@ -673,6 +698,12 @@ impl KubeletConfiguration {
                 format!("{lo} must not exceed imageGCHighThresholdPercent ({hi})"),
             ));
         }
+        Ok(())
+    }
+
+    /// Cgroups, authorization, reservations, taints, sysctls, logging,
+    /// eviction and OOM settings.
+    fn validate_node(&self) -> Result<(), ConfigError> {
         if !["cgroupfs", "systemd"].contains(&self.cgroup_driver.as_str()) {
             return Err(field_err(
                 "cgroupDriver",
