@@ -307,138 +307,17 @@ impl Puller {
         secrets: &[Credentials],
     ) -> Result<ImageRecord, ImageError> {
         let name = canonical(r);
-        let target = if ep.host == r.registry() {
-            r.clone()
-        } else {
-            match (r.tag(), r.digest()) {
-                (_, Some(d)) => {
-                    Reference::with_digest(ep.host.clone(), r.repository().into(), d.into())
-                }
-                (Some(t), None) => {
-                    Reference::with_tag(ep.host.clone(), r.repository().into(), t.into())
-                }
-                (None, None) => {
-                    Reference::with_tag(ep.host.clone(), r.repository().into(), "latest".into())
-                }
-            }
-        };
-        let mut auths: Vec<RegistryAuth> = secrets
-            .iter()
-            .chain(self.config.credentials(&ep.host).iter())
-            .map(|c| RegistryAuth::Basic(c.username.clone(), c.password.clone()))
-            .collect();
-        auths.push(RegistryAuth::Anonymous);
-
-        // The first credentials that the registry accepts win.
-        let mut fetched = None;
-        let mut last_err = None;
-        for auth in &auths {
-            let client = self.client(ep, auth, &name)?;
-            match client.pull_manifest_raw(&target, auth, ACCEPT).await {
-                Ok(m) => {
-                    fetched = Some((m, auth.clone(), client));
-                    break;
-                }
-                Err(e) => {
-                    let e = map_err(&name, e);
-                    let retry = matches!(e, ImageError::Unauthorized { .. });
-                    last_err = Some(e);
-                    if !retry {
-                        break;
-                    }
-                }
-            }
-        }
-        let Some(((bytes, _), auth, client)) = fetched else {
-            return Err(last_err.unwrap_or_else(|| ImageError::Registry {
-                image: name.clone(),
-                message: "no manifest".into(),
-            }));
-        };
-        let mut manifest_bytes = bytes.to_vec();
-        let mut manifest_digest = sha256_digest(&manifest_bytes);
-        if let Some(d) = r.digest()
-            && d != manifest_digest
-        {
-            return Err(ImageError::Digest {
-                what: format!("{name}: manifest"),
-                expected: d.into(),
-                actual: manifest_digest,
-            });
-        }
-        let probe: Probe =
-            serde_json::from_slice(&manifest_bytes).map_err(|e| ImageError::Invalid {
-                image: name.clone(),
-                message: format!("manifest is not valid JSON: {e}"),
-            })?;
-        if let Some(entries) = probe.manifests {
-            let d =
-                pick_manifest(&self.platform, &entries).ok_or_else(|| ImageError::NoPlatform {
-                    image: name.clone(),
-                    platform: self.platform.describe(),
-                })?;
-            debug!(image = %name, manifest = d, "resolved index to this platform");
-            let (b, _) = client
-                .pull_manifest_raw(&target.clone_with_digest(d.into()), &auth, ACCEPT)
-                .await
-                .map_err(|e| map_err(&name, e))?;
-            manifest_bytes = b.to_vec();
-            manifest_digest = sha256_digest(&manifest_bytes);
-            if manifest_digest != d {
-                return Err(ImageError::Digest {
-                    what: format!("{name}: platform manifest"),
-                    expected: d.into(),
-                    actual: manifest_digest,
-                });
-            }
-        } else if probe.schema_version == Some(1) || probe.config.is_none() {
-            return Err(ImageError::Invalid {
-                image: name.clone(),
-                message: format!(
-                    "unsupported manifest (media type {}); only OCI and Docker schema 2 images are supported",
-                    probe.media_type.unwrap_or_default()
-                ),
-            });
-        }
+        let target = endpoint_target(r, ep);
+        let (bytes, auth, client) = self.first_manifest(&target, ep, secrets, &name).await?;
+        let (manifest_bytes, manifest_digest) = self
+            .platform_manifest(&client, &auth, &target, r, &name, bytes)
+            .await?;
         let manifest: OciImageManifest =
             serde_json::from_slice(&manifest_bytes).map_err(|e| ImageError::Invalid {
                 image: name.clone(),
                 message: format!("invalid manifest: {e}"),
             })?;
-
-        // Config.
-        let config_digest = manifest.config.digest.clone();
-        super::digest_hex(&config_digest)?;
-        if !self.store.has_blob(&config_digest) {
-            let mut buf = Vec::new();
-            client
-                .pull_blob(&target, config_digest.as_str(), &mut buf)
-                .await
-                .map_err(|e| map_err(&name, e))?;
-            let got = self.store.write_blob(&buf)?;
-            if got != config_digest {
-                return Err(ImageError::Digest {
-                    what: format!("{name}: config"),
-                    expected: config_digest,
-                    actual: got,
-                });
-            }
-        }
-        let config: ConfigProbe = serde_json::from_slice(&self.store.read_blob(&config_digest)?)
-            .map_err(|e| ImageError::Invalid {
-                image: name.clone(),
-                message: format!("invalid image config: {e}"),
-            })?;
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(ImageError::Invalid {
-                image: name.clone(),
-                message: format!(
-                    "manifest has {} layers but the config lists {} diff_ids",
-                    manifest.layers.len(),
-                    config.rootfs.diff_ids.len()
-                ),
-            });
-        }
+        let (config_digest, config) = self.config(&client, &target, &name, &manifest).await?;
 
         // Layers: download (streamed to a file, digest-checked), then unpack.
         let layers: Vec<LayerRecord> = manifest
@@ -492,6 +371,147 @@ impl Puller {
         Ok(rec)
     }
 
+    /// The manifest (or index) of `target`, with the first credentials
+    /// the registry accepts (the pod's pull secrets, then the configured
+    /// ones, then none), and the client that holds them.
+    async fn first_manifest(
+        &self,
+        target: &Reference,
+        ep: &Endpoint,
+        secrets: &[Credentials],
+        name: &str,
+    ) -> Result<(Vec<u8>, RegistryAuth, Client), ImageError> {
+        let mut auths: Vec<RegistryAuth> = secrets
+            .iter()
+            .chain(self.config.credentials(&ep.host).iter())
+            .map(|c| RegistryAuth::Basic(c.username.clone(), c.password.clone()))
+            .collect();
+        auths.push(RegistryAuth::Anonymous);
+        let mut last_err = None;
+        for auth in auths {
+            let client = self.client(ep, &auth, name)?;
+            match client.pull_manifest_raw(target, &auth, ACCEPT).await {
+                Ok((bytes, _)) => return Ok((bytes.to_vec(), auth, client)),
+                Err(e) => {
+                    let e = map_err(name, e);
+                    let retry = matches!(e, ImageError::Unauthorized { .. });
+                    last_err = Some(e);
+                    if !retry {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| ImageError::Registry {
+            image: name.to_string(),
+            message: "no manifest".into(),
+        }))
+    }
+
+    /// The image manifest for this node's platform and its digest: `bytes`
+    /// checked against the reference's digest, and an index resolved to
+    /// its entry for the platform (fetched and checked in turn); schema 1
+    /// refused.
+    async fn platform_manifest(
+        &self,
+        client: &Client,
+        auth: &RegistryAuth,
+        target: &Reference,
+        r: &Reference,
+        name: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(Vec<u8>, String), ImageError> {
+        let digest = sha256_digest(&bytes);
+        if let Some(d) = r.digest()
+            && d != digest
+        {
+            return Err(ImageError::Digest {
+                what: format!("{name}: manifest"),
+                expected: d.into(),
+                actual: digest,
+            });
+        }
+        let probe: Probe = serde_json::from_slice(&bytes).map_err(|e| ImageError::Invalid {
+            image: name.to_string(),
+            message: format!("manifest is not valid JSON: {e}"),
+        })?;
+        let Some(entries) = probe.manifests else {
+            if probe.schema_version == Some(1) || probe.config.is_none() {
+                return Err(ImageError::Invalid {
+                    image: name.to_string(),
+                    message: format!(
+                        "unsupported manifest (media type {}); only OCI and Docker schema 2 images are supported",
+                        probe.media_type.unwrap_or_default()
+                    ),
+                });
+            }
+            return Ok((bytes, digest));
+        };
+        let d = pick_manifest(&self.platform, &entries).ok_or_else(|| ImageError::NoPlatform {
+            image: name.to_string(),
+            platform: self.platform.describe(),
+        })?;
+        debug!(image = %name, manifest = d, "resolved index to this platform");
+        let (b, _) = client
+            .pull_manifest_raw(&target.clone_with_digest(d.into()), auth, ACCEPT)
+            .await
+            .map_err(|e| map_err(name, e))?;
+        let digest = sha256_digest(&b);
+        if digest != d {
+            return Err(ImageError::Digest {
+                what: format!("{name}: platform manifest"),
+                expected: d.into(),
+                actual: digest,
+            });
+        }
+        Ok((b.to_vec(), digest))
+    }
+
+    /// The image's config blob (fetched unless the store has it, digest
+    /// checked), which must list a diff ID for each of the manifest's
+    /// layers.
+    async fn config(
+        &self,
+        client: &Client,
+        target: &Reference,
+        name: &str,
+        manifest: &OciImageManifest,
+    ) -> Result<(String, ConfigProbe), ImageError> {
+        let config_digest = manifest.config.digest.clone();
+        super::digest_hex(&config_digest)?;
+        if !self.store.has_blob(&config_digest) {
+            let mut buf = Vec::new();
+            client
+                .pull_blob(target, config_digest.as_str(), &mut buf)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            let got = self.store.write_blob(&buf)?;
+            if got != config_digest {
+                return Err(ImageError::Digest {
+                    what: format!("{name}: config"),
+                    expected: config_digest,
+                    actual: got,
+                });
+            }
+        }
+        let config: ConfigProbe = serde_json::from_slice(&self.store.read_blob(&config_digest)?)
+            .map_err(|e| ImageError::Invalid {
+                image: name.to_string(),
+                message: format!("invalid image config: {e}"),
+            })?;
+        if config.rootfs.diff_ids.len() != manifest.layers.len() {
+            return Err(ImageError::Invalid {
+                image: name.to_string(),
+                message: format!(
+                    "manifest has {} layers but the config lists {} diff_ids",
+                    manifest.layers.len(),
+                    config.rootfs.diff_ids.len()
+                ),
+            });
+        }
+        Ok((config_digest, config))
+    }
+
     async fn fetch_layer(
         &self,
         client: &Client,
@@ -532,5 +552,18 @@ impl Puller {
                 image: image.into(),
                 message: e.to_string(),
             })?
+    }
+}
+/// `r` as asked of endpoint `ep`: a mirror gets the same repository and
+/// tag or digest under its own host.
+fn endpoint_target(r: &Reference, ep: &Endpoint) -> Reference {
+    if ep.host == r.registry() {
+        return r.clone();
+    }
+    let repo = r.repository().to_string();
+    match (r.tag(), r.digest()) {
+        (_, Some(d)) => Reference::with_digest(ep.host.clone(), repo, d.into()),
+        (Some(t), None) => Reference::with_tag(ep.host.clone(), repo, t.into()),
+        (None, None) => Reference::with_tag(ep.host.clone(), repo, "latest".into()),
     }
 }
