@@ -200,157 +200,223 @@ impl NodeAgent {
         mut observed: watch::Receiver<Option<Node>>,
         shutdown: CancellationToken,
     ) {
-        let api: Api<Node> = Api::all(self.client.clone());
         let name = self.template.name.clone();
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: "kubelet".into(),
-                instance: Some(name.clone()),
-            },
-        );
-        let mut builder = StatusBuilder::new(self.status.clone());
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(7));
-        let mut registered_uid: Option<String> = None;
-        let mut last_sent: Option<(NodeStatus, Instant)> = None;
-        let mut last_conditions: BTreeMap<String, String> = BTreeMap::new();
-        let mut started_event = false;
-        let mut seen_ours = false;
-
+        let mut st = StatusRounds {
+            api: Api::all(self.client.clone()),
+            recorder: Recorder::new(
+                self.client.clone(),
+                Reporter {
+                    controller: "kubelet".into(),
+                    instance: Some(name.clone()),
+                },
+            ),
+            builder: StatusBuilder::new(self.status.clone()),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(7)),
+            name,
+            uid_tx,
+            registered_uid: None,
+            last_sent: None,
+            last_conditions: BTreeMap::new(),
+            started_event: false,
+            seen_ours: false,
+        };
         loop {
             // The server's copy of our Node, if the watch has it and it is the
             // object we registered (not a stale one from before a re-create).
             let server = observed
                 .borrow_and_update()
                 .clone()
-                .filter(|n| registered_uid.is_some() && n.metadata.uid == registered_uid);
-            seen_ours |= server.is_some();
-            if let Some(st) = server.as_ref().and_then(|n| n.status.as_ref()) {
-                builder.observe(st);
+                .filter(|n| st.registered_uid.is_some() && n.metadata.uid == st.registered_uid);
+            st.seen_ours |= server.is_some();
+            if let Some(s) = server.as_ref().and_then(|n| n.status.as_ref()) {
+                st.builder.observe(s);
             }
             // Whole seconds: the API stores times at that precision.
             let wall = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
                 .unwrap_or_default();
             let readings = self.readings().await;
-            let status = builder.build(&readings, Instant::now(), Time(wall));
+            let status = st.builder.build(&readings, Instant::now(), Time(wall));
             self.heartbeat.beat();
+            let result = self.send(&st, server.as_ref(), &status).await;
+            let wait = st.settle(result, &status, self.update_frequency);
+            st.publish_events(&status);
+            if !st.wait(&mut observed, wait, &shutdown).await {
+                return;
+            }
+        }
+    }
 
-            let timeout = self.heartbeat_timeout();
-            let result = match &registered_uid {
-                // Registration uses the plain client, as upstream's.
-                None => register(&api, &self.template, status.clone())
-                    .await
-                    .map(Some),
-                Some(_) => {
-                    let held = server
-                        .as_ref()
-                        .and_then(|n| n.status.clone())
-                        .or_else(|| last_sent.as_ref().map(|(s, _)| s.clone()));
-                    let changed = held.is_none_or(|h| change_key(&h) != change_key(&status));
-                    let report_due = last_sent
-                        .as_ref()
-                        .is_none_or(|(_, at)| at.elapsed() >= self.report_frequency);
-                    if changed || report_due {
-                        lease::within(timeout, patch_status(&api, &name, &status))
-                            .await
-                            .map(|_| None)
-                    } else {
-                        Ok(None)
+    /// Registers the Node, or patches its status when it changed or the
+    /// report is due; `Ok(Some(uid))` after a registration.
+    async fn send(
+        &self,
+        st: &StatusRounds,
+        server: Option<&Node>,
+        status: &NodeStatus,
+    ) -> Result<Option<String>, kube::Error> {
+        let Some(_) = &st.registered_uid else {
+            // Registration uses the plain client, as upstream's.
+            return register(&st.api, &self.template, status.clone())
+                .await
+                .map(Some);
+        };
+        let held = server
+            .and_then(|n| n.status.clone())
+            .or_else(|| st.last_sent.as_ref().map(|(s, _)| s.clone()));
+        let changed = held.is_none_or(|h| change_key(&h) != change_key(status));
+        let report_due = st
+            .last_sent
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= self.report_frequency);
+        if !(changed || report_due) {
+            return Ok(None);
+        }
+        lease::within(
+            self.heartbeat_timeout(),
+            patch_status(&st.api, &st.name, status),
+        )
+        .await
+        .map(|_| None)
+    }
+}
+
+/// What the status loop carries from one round to the next.
+struct StatusRounds {
+    api: Api<Node>,
+    recorder: Recorder,
+    builder: StatusBuilder,
+    backoff: Backoff,
+    name: String,
+    uid_tx: watch::Sender<Option<String>>,
+    /// The UID of the Node this agent registered (none: to register).
+    registered_uid: Option<String>,
+    /// The status last sent and when.
+    last_sent: Option<(NodeStatus, Instant)>,
+    /// Each condition's status as last evented.
+    last_conditions: BTreeMap<String, String>,
+    started_event: bool,
+    /// The watch has shown the registered Node (so its absence later is a
+    /// deletion, not a watch that started before registration).
+    seen_ours: bool,
+}
+
+impl StatusRounds {
+    /// Takes a round's result in; returns how long to wait for the next.
+    fn settle(
+        &mut self,
+        result: Result<Option<String>, kube::Error>,
+        status: &NodeStatus,
+        update_frequency: Duration,
+    ) -> Duration {
+        match result {
+            Ok(Some(uid)) => {
+                info!(node = %self.name, %uid, "node registered");
+                self.registered_uid = Some(uid.clone());
+                self.uid_tx.send_replace(Some(uid));
+                self.last_sent = Some((status.clone(), Instant::now()));
+                self.backoff.reset();
+            }
+            Ok(None) => {
+                if self
+                    .last_sent
+                    .as_ref()
+                    .is_none_or(|(s, _)| change_key(s) != change_key(status))
+                {
+                    self.last_sent = Some((status.clone(), Instant::now()));
+                }
+                self.backoff.reset();
+            }
+            Err(e) if is_not_found(&e) => {
+                warn!(node = %self.name, "node object is gone; registering again");
+                self.forget_registration();
+                return Duration::ZERO;
+            }
+            Err(e) => {
+                warn!(node = %self.name, error = %e, "unable to update node status, will retry");
+                return self.backoff.next_delay().min(update_frequency);
+            }
+        }
+        update_frequency
+    }
+
+    fn forget_registration(&mut self) {
+        self.registered_uid = None;
+        self.uid_tx.send_replace(None);
+        self.last_sent = None;
+        self.last_conditions.clear();
+    }
+
+    /// `Starting` once registered, then an event for each condition that
+    /// changed (upstream's `NodeReady`, `NodeHasSufficientMemory`, ...).
+    fn publish_events(&mut self, status: &NodeStatus) {
+        let Some(uid) = &self.registered_uid else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.name.clone()),
+            uid: Some(uid.clone()),
+            ..Default::default()
+        };
+        if !self.started_event {
+            self.started_event = true;
+            let msg = "Starting kinglet.".into();
+            publish(
+                &self.recorder,
+                &reference,
+                EventType::Normal,
+                "Starting",
+                msg,
+            );
+        }
+        for c in status.conditions.iter().flatten() {
+            if self.last_conditions.get(&c.type_) != Some(&c.status) {
+                self.last_conditions
+                    .insert(c.type_.clone(), c.status.clone());
+                let (reason, kind) = node_event(&c.type_, &c.status);
+                let msg = format!("Node {} status is now: {reason}", self.name);
+                publish(&self.recorder, &reference, kind, reason, msg);
+            }
+        }
+    }
+
+    /// Waits `wait`, or less when the Node is deleted (then registration
+    /// starts again); `false` on shutdown.
+    async fn wait(
+        &mut self,
+        observed: &mut watch::Receiver<Option<Node>>,
+        wait: Duration,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let deadline = tokio::time::sleep(wait);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = &mut deadline => return true,
+                r = observed.changed() => {
+                    if r.is_err() {
+                        return false;
                     }
-                }
-            };
-            let mut wait = self.update_frequency;
-            match result {
-                Ok(Some(uid)) => {
-                    info!(node = %name, %uid, "node registered");
-                    registered_uid = Some(uid.clone());
-                    uid_tx.send_replace(Some(uid));
-                    last_sent = Some((status.clone(), Instant::now()));
-                    backoff.reset();
-                }
-                Ok(None) => {
-                    if last_sent
-                        .as_ref()
-                        .is_none_or(|(s, _)| change_key(s) != change_key(&status))
+                    // Only a deletion cuts the wait short; other changes
+                    // are picked up at the next round.
+                    let current = observed.borrow().as_ref().map(|n| n.metadata.uid.clone());
+                    if let Some(uid) = current
+                        && uid.is_some()
+                        && uid == self.registered_uid
                     {
-                        last_sent = Some((status.clone(), Instant::now()));
+                        self.seen_ours = true;
                     }
-                    backoff.reset();
-                }
-                Err(e) if is_not_found(&e) => {
-                    warn!(node = %name, "node object is gone; registering again");
-                    registered_uid = None;
-                    uid_tx.send_replace(None);
-                    last_sent = None;
-                    last_conditions.clear();
-                    wait = Duration::ZERO;
-                }
-                Err(e) => {
-                    warn!(node = %name, error = %e, "unable to update node status, will retry");
-                    wait = backoff.next_delay().min(self.update_frequency);
-                }
-            }
-
-            if let Some(uid) = &registered_uid {
-                let reference = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Node".into()),
-                    name: Some(name.clone()),
-                    uid: Some(uid.clone()),
-                    ..Default::default()
-                };
-                if !started_event {
-                    started_event = true;
-                    publish(
-                        &recorder,
-                        &reference,
-                        EventType::Normal,
-                        "Starting",
-                        "Starting kinglet.".into(),
-                    );
-                }
-                for c in status.conditions.iter().flatten() {
-                    if last_conditions.get(&c.type_) != Some(&c.status) {
-                        last_conditions.insert(c.type_.clone(), c.status.clone());
-                        let (event_reason, kind) = node_event(&c.type_, &c.status);
-                        publish(
-                            &recorder,
-                            &reference,
-                            kind,
-                            event_reason,
-                            format!("Node {name} status is now: {event_reason}"),
-                        );
-                    }
-                }
-            }
-
-            let deadline = tokio::time::sleep(wait);
-            tokio::pin!(deadline);
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = &mut deadline => break,
-                    r = observed.changed() => {
-                        if r.is_err() { return }
-                        // Only a deletion cuts the wait short; other changes
-                        // are picked up at the next round.
-                        let current = observed.borrow().as_ref().map(|n| n.metadata.uid.clone());
-                        match current {
-                            Some(uid) if uid.is_some() && uid == registered_uid => seen_ours = true,
-                            _ => {}
-                        }
-                        // A watch that started before registration reports
-                        // the node missing; only a node seen to exist and
-                        // then gone was deleted.
-                        let deleted = observed.borrow().is_none() && seen_ours;
-                        if deleted && registered_uid.take().is_some() {
-                            seen_ours = false;
-                            warn!(node = %name, "node object was deleted; registering again");
-                            uid_tx.send_replace(None);
-                            last_sent = None;
-                            last_conditions.clear();
-                            break;
-                        }
+                    // A watch that started before registration reports
+                    // the node missing; only a node seen to exist and
+                    // then gone was deleted.
+                    let deleted = observed.borrow().is_none() && self.seen_ours;
+                    if deleted && self.registered_uid.is_some() {
+                        self.seen_ours = false;
+                        warn!(node = %self.name, "node object was deleted; registering again");
+                        self.forget_registration();
+                        return true;
                     }
                 }
             }
