@@ -39,9 +39,9 @@ use kinglet_runtime::{
 };
 use serde::{Deserialize, Serialize};
 
-use images::ImageStore;
 use images::auth::Credentials;
 use images::registry::Puller;
+use images::{ImageRecord, ImageStore};
 use monitor::{Client, Request};
 
 /// The name reported in `nodeInfo.containerRuntimeVersion`.
@@ -401,6 +401,34 @@ impl OciRuntime {
         }
     }
 
+    /// The container's image and its image volumes' (by mount index), as
+    /// the store has them.
+    fn images_of(
+        &self,
+        cfg: &ContainerConfig,
+    ) -> Result<(ImageRecord, Vec<(usize, ImageRecord)>), RuntimeError> {
+        let index = self
+            .store
+            .read_index()
+            .map_err(|e| rt_err("image store", e))?;
+        let image = index
+            .find(&cfg.image)
+            .cloned()
+            .ok_or_else(|| RuntimeError::Other(format!("image {:?} is not present", cfg.image)))?;
+        let mut mounts = Vec::new();
+        let volumes = cfg.mounts.iter().enumerate();
+        for (i, m) in volumes.filter(|(_, m)| !m.image.is_empty()) {
+            let img = index.find(&m.image).cloned().ok_or_else(|| {
+                RuntimeError::Other(format!(
+                    "image {:?} of an image volume is not present",
+                    m.image
+                ))
+            })?;
+            mounts.push((i, img));
+        }
+        Ok((image, mounts))
+    }
+
     /// Removes a container's directory (and unmounts its rootfs) off the
     /// async thread.
     async fn teardown_container_dir(&self, id: &str) {
@@ -672,6 +700,37 @@ fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<Co
         out.push(container_status(r, meta));
     }
     out
+}
+
+/// What kinglet records of a container beside its bundle.
+fn container_meta(
+    sandbox_id: &str,
+    cfg: &ContainerConfig,
+    sandbox: &SandboxConfig,
+    image: &ImageRecord,
+    made: bundle::Made,
+) -> ContainerMeta {
+    let log_path = Path::new(&sandbox.log_directory).join(&cfg.log_path);
+    ContainerMeta {
+        sandbox_id: sandbox_id.into(),
+        pod_uid: sandbox.pod_uid.clone(),
+        name: cfg.name.clone(),
+        attempt: cfg.attempt,
+        image: cfg.image.clone(),
+        image_ref: image
+            .repo_digests
+            .iter()
+            .next()
+            .cloned()
+            .unwrap_or_else(|| image.id.clone()),
+        image_id: image.id.clone(),
+        log_path: log_path.display().to_string(),
+        overlay: made.overlay,
+        stop_signal: made.stop_signal,
+        start_error: made
+            .start_error
+            .map(|m| (m, jiff::Timestamp::now().as_nanosecond() as i64)),
+    }
 }
 
 /// A container as CRI reports it, from the monitor's record and the meta
@@ -1001,28 +1060,7 @@ impl Runtime for OciRuntime {
         sandbox: &'a SandboxConfig,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
-            let index = self
-                .store
-                .read_index()
-                .map_err(|e| rt_err("image store", e))?;
-            let image = index.find(&cfg.image).cloned().ok_or_else(|| {
-                RuntimeError::Other(format!("image {:?} is not present", cfg.image))
-            })?;
-            let mut image_mounts = Vec::new();
-            for (i, m) in cfg
-                .mounts
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| !m.image.is_empty())
-            {
-                let img = index.find(&m.image).cloned().ok_or_else(|| {
-                    RuntimeError::Other(format!(
-                        "image {:?} of an image volume is not present",
-                        m.image
-                    ))
-                })?;
-                image_mounts.push((i, img));
-            }
+            let (image, image_mounts) = self.images_of(cfg)?;
             let join_pid = match cfg.pid_target.as_deref() {
                 Some(target) if !sandbox.host_pid => Some(self.pid_namespace_of(target).await?),
                 _ => None,
@@ -1048,43 +1086,21 @@ impl Runtime for OciRuntime {
                 bundle::make(&input)
             })
             .await;
-            let bundle::Made {
-                overlay,
-                stop_signal,
-                start_error,
-            } = match made {
+            let made = match made {
                 Ok(m) => m,
                 Err(e) => {
                     self.teardown_container_dir(&id).await;
                     return Err(e);
                 }
             };
-            let log_path = Path::new(&sandbox.log_directory).join(&cfg.log_path);
-            let meta = ContainerMeta {
-                sandbox_id: sandbox_id.into(),
-                pod_uid: sandbox.pod_uid.clone(),
-                name: cfg.name.clone(),
-                attempt: cfg.attempt,
-                image: cfg.image.clone(),
-                image_ref: image
-                    .repo_digests
-                    .iter()
-                    .next()
-                    .cloned()
-                    .unwrap_or_else(|| image.id.clone()),
-                image_id: image.id.clone(),
-                log_path: log_path.display().to_string(),
-                overlay,
-                stop_signal,
-                start_error: start_error
-                    .clone()
-                    .map(|m| (m, jiff::Timestamp::now().as_nanosecond() as i64)),
-            };
+            let start_error = made.start_error.is_some();
+            let meta = container_meta(sandbox_id, cfg, sandbox, &image, made);
+            let log_path = PathBuf::from(&meta.log_path);
             if let Err(e) = write_json_atomic(&dir.join("meta.json"), &meta) {
                 self.teardown_container_dir(&id).await;
                 return Err(rt_err("container meta", e));
             }
-            if start_error.is_some() {
+            if start_error {
                 // Never handed to libcontainer (it would refuse it with a
                 // message of its own): the start reports the reason, and the
                 // container reads as exited with StartError, as containerd's.
