@@ -398,6 +398,98 @@ fn sandbox_config(cfg: &SandboxConfig) -> proto::PodSandboxConfig {
     }
 }
 
+/// CRI's `ContainerConfig` for `cfg` in `sandbox`.
+fn container_config(cfg: &ContainerConfig, sandbox: &SandboxConfig) -> proto::ContainerConfig {
+    let mounts = cfg.mounts.iter().map(mount).collect();
+    let mut labels = pod_labels(sandbox);
+    labels.insert(CONTAINER_NAME.into(), cfg.name.clone());
+    let int64 = |v: Option<u32>| {
+        v.map(|value| proto::Int64Value {
+            value: value as i64,
+        })
+    };
+    proto::ContainerConfig {
+        metadata: Some(proto::ContainerMetadata {
+            name: cfg.name.clone(),
+            attempt: cfg.attempt,
+        }),
+        image: Some(proto::ImageSpec {
+            image: cfg.image.clone(),
+            ..Default::default()
+        }),
+        command: cfg.command.clone(),
+        args: cfg.args.clone(),
+        working_dir: cfg.working_dir.clone(),
+        envs: cfg
+            .env
+            .iter()
+            .map(|(key, value)| proto::KeyValue {
+                key: key.clone(),
+                value: value.clone().into_bytes(),
+            })
+            .collect(),
+        mounts,
+        labels,
+        annotations: HashMap::new(),
+        log_path: cfg.log_path.clone(),
+        stdin: cfg.stdin,
+        stdin_once: cfg.stdin_once,
+        tty: cfg.tty,
+        linux: Some(proto::LinuxContainerConfig {
+            resources: Some(proto::LinuxContainerResources {
+                cpu_period: if cfg.cpu_quota.is_some() { 100_000 } else { 0 },
+                cpu_quota: cfg.cpu_quota.unwrap_or(0),
+                cpu_shares: cfg.cpu_shares.unwrap_or(0) as i64,
+                memory_limit_in_bytes: cfg.memory_limit.unwrap_or(0),
+                oom_score_adj: cfg.oom_score_adj.unwrap_or(0) as i64,
+                ..Default::default()
+            }),
+            security_context: Some(proto::LinuxContainerSecurityContext {
+                capabilities: Some(proto::Capability {
+                    add_capabilities: cfg.capabilities_add.clone(),
+                    drop_capabilities: cfg.capabilities_drop.clone(),
+                    ..Default::default()
+                }),
+                privileged: cfg.privileged,
+                namespace_options: Some(container_namespace_options(sandbox, cfg)),
+                run_as_user: int64(cfg.uid),
+                run_as_group: int64(cfg.gid),
+                supplemental_groups: cfg.supplemental_groups.iter().map(|g| *g as i64).collect(),
+                readonly_rootfs: cfg.readonly_rootfs,
+                no_new_privs: cfg.no_new_privileges,
+                seccomp: cfg.seccomp_runtime_default.then(|| proto::SecurityProfile {
+                    profile_type: proto::security_profile::ProfileType::RuntimeDefault as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    }
+}
+
+/// One mount as CRI takes it (an image volume names its image).
+fn mount(m: &kinglet_runtime::Mount) -> proto::Mount {
+    use kinglet_runtime::Propagation;
+    let propagation = match m.propagation {
+        Propagation::Private => proto::MountPropagation::PropagationPrivate,
+        Propagation::HostToContainer => proto::MountPropagation::PropagationHostToContainer,
+        Propagation::Bidirectional => proto::MountPropagation::PropagationBidirectional,
+    };
+    proto::Mount {
+        container_path: m.container_path.clone(),
+        host_path: m.host_path.clone(),
+        readonly: m.readonly,
+        image: (!m.image.is_empty()).then(|| proto::ImageSpec {
+            image: m.image.clone(),
+            ..Default::default()
+        }),
+        image_sub_path: m.image_sub_path.clone(),
+        propagation: propagation as i32,
+        ..Default::default()
+    }
+}
+
 /// A sandbox's interfaces from CRI's `NetworkUsage`, the default first.
 fn interfaces(n: proto::NetworkUsage) -> Vec<kinglet_runtime::InterfaceUsage> {
     let v = |x: Option<proto::UInt64Value>| x.map_or(0, |x| x.value);
@@ -740,102 +832,7 @@ impl Runtime for CriRuntime {
         sandbox: &'a SandboxConfig,
     ) -> BoxFuture<'a, Result<String, RuntimeError>> {
         Box::pin(async move {
-            let mounts: Vec<proto::Mount> = cfg
-                .mounts
-                .iter()
-                .map(|m| proto::Mount {
-                    container_path: m.container_path.clone(),
-                    host_path: m.host_path.clone(),
-                    readonly: m.readonly,
-                    image: (!m.image.is_empty()).then(|| proto::ImageSpec {
-                        image: m.image.clone(),
-                        ..Default::default()
-                    }),
-                    image_sub_path: m.image_sub_path.clone(),
-                    propagation: match m.propagation {
-                        kinglet_runtime::Propagation::Private => {
-                            proto::MountPropagation::PropagationPrivate
-                        }
-                        kinglet_runtime::Propagation::HostToContainer => {
-                            proto::MountPropagation::PropagationHostToContainer
-                        }
-                        kinglet_runtime::Propagation::Bidirectional => {
-                            proto::MountPropagation::PropagationBidirectional
-                        }
-                    } as i32,
-                    ..Default::default()
-                })
-                .collect();
-            let mut labels = pod_labels(sandbox);
-            labels.insert(CONTAINER_NAME.into(), cfg.name.clone());
-            let int64 = |v: Option<u32>| {
-                v.map(|value| proto::Int64Value {
-                    value: value as i64,
-                })
-            };
-            let config = proto::ContainerConfig {
-                metadata: Some(proto::ContainerMetadata {
-                    name: cfg.name.clone(),
-                    attempt: cfg.attempt,
-                }),
-                image: Some(proto::ImageSpec {
-                    image: cfg.image.clone(),
-                    ..Default::default()
-                }),
-                command: cfg.command.clone(),
-                args: cfg.args.clone(),
-                working_dir: cfg.working_dir.clone(),
-                envs: cfg
-                    .env
-                    .iter()
-                    .map(|(key, value)| proto::KeyValue {
-                        key: key.clone(),
-                        value: value.clone().into_bytes(),
-                    })
-                    .collect(),
-                mounts,
-                labels,
-                annotations: HashMap::new(),
-                log_path: cfg.log_path.clone(),
-                stdin: cfg.stdin,
-                stdin_once: cfg.stdin_once,
-                tty: cfg.tty,
-                linux: Some(proto::LinuxContainerConfig {
-                    resources: Some(proto::LinuxContainerResources {
-                        cpu_period: if cfg.cpu_quota.is_some() { 100_000 } else { 0 },
-                        cpu_quota: cfg.cpu_quota.unwrap_or(0),
-                        cpu_shares: cfg.cpu_shares.unwrap_or(0) as i64,
-                        memory_limit_in_bytes: cfg.memory_limit.unwrap_or(0),
-                        oom_score_adj: cfg.oom_score_adj.unwrap_or(0) as i64,
-                        ..Default::default()
-                    }),
-                    security_context: Some(proto::LinuxContainerSecurityContext {
-                        capabilities: Some(proto::Capability {
-                            add_capabilities: cfg.capabilities_add.clone(),
-                            drop_capabilities: cfg.capabilities_drop.clone(),
-                            ..Default::default()
-                        }),
-                        privileged: cfg.privileged,
-                        namespace_options: Some(container_namespace_options(sandbox, cfg)),
-                        run_as_user: int64(cfg.uid),
-                        run_as_group: int64(cfg.gid),
-                        supplemental_groups: cfg
-                            .supplemental_groups
-                            .iter()
-                            .map(|g| *g as i64)
-                            .collect(),
-                        readonly_rootfs: cfg.readonly_rootfs,
-                        no_new_privs: cfg.no_new_privileges,
-                        seccomp: cfg.seccomp_runtime_default.then(|| proto::SecurityProfile {
-                            profile_type: proto::security_profile::ProfileType::RuntimeDefault
-                                as i32,
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }),
-                }),
-                ..Default::default()
-            };
+            let config = container_config(cfg, sandbox);
             let resp = self
                 .rt()
                 .create_container(request(
