@@ -99,18 +99,57 @@ pub struct ContainerConfig {
 impl ContainerConfig {
     /// The `config.json` document.
     pub fn to_spec(&self) -> Value {
+        let mut spec = json!({
+            "ociVersion": "1.0.2",
+            "process": self.process(),
+            "root": {"path": self.rootfs, "readonly": self.readonly_rootfs},
+            "mounts": self.mounts_spec(),
+            "linux": self.linux(),
+        });
+        // The host's UTS namespace keeps the host's name.
+        if !self.host_uts {
+            spec["hostname"] = json!(self.hostname);
+        }
+        spec
+    }
+
+    /// The capability set: the defaults (every one the process has when
+    /// privileged) with the container's adds and drops (none privileged).
+    fn capabilities(&self) -> Vec<String> {
         let mut caps: Vec<String> = if self.privileged {
             current_caps()
         } else {
             DEFAULT_CAPS.iter().map(|s| s.to_string()).collect()
         };
-        // Privileged containers get every capability; add/drop do not apply.
         let (adds, drops) = if self.privileged {
             (&[][..], &[][..])
         } else {
             (&self.capabilities_add[..], &self.capabilities_drop[..])
         };
         apply_capability_changes(&mut caps, adds, drops);
+        caps
+    }
+
+    fn process(&self) -> Value {
+        let caps = self.capabilities();
+        let mut process = json!({
+            "terminal": false,
+            "user": {"uid": self.uid, "gid": self.gid, "additionalGids": self.additional_gids},
+            "args": self.args,
+            "env": self.env,
+            "cwd": if self.cwd.is_empty() { "/" } else { &self.cwd },
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+            "noNewPrivileges": self.no_new_privileges,
+        });
+        if let Some(adj) = self.oom_score_adj {
+            process["oomScoreAdj"] = json!(adj);
+        }
+        process
+    }
+
+    /// The namespaces: new ones, or the sandbox's to join, none where the
+    /// pod shares the host's.
+    fn namespaces(&self) -> Vec<Value> {
         let ns = |kind: &str, path: &Option<PathBuf>| match path {
             Some(p) => json!({"type": kind, "path": p}),
             None => json!({"type": kind}),
@@ -129,30 +168,37 @@ impl ContainerConfig {
             namespaces.push(ns("uts", &self.join_uts));
         }
         namespaces.push(json!({"type": "cgroup"}));
+        namespaces
+    }
 
+    /// The standard filesystems (as containerd's defaults), then the bind
+    /// mounts with their propagation.
+    fn mounts_spec(&self) -> Vec<Value> {
+        let rw = if self.privileged { "rw" } else { "ro" };
         let mut mounts = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]}),
             json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
             json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
             json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
             json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
-            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", if self.privileged { "rw" } else { "ro" }]}),
-            json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", if self.privileged { "rw" } else { "ro" }]}),
+            json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", rw]}),
+            json!({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["nosuid", "noexec", "nodev", "relatime", rw]}),
         ];
         for m in &self.mounts {
             use kinglet_runtime::Propagation;
-            let mut opts = vec![
-                "rbind",
-                match m.propagation {
-                    Propagation::Private => "rprivate",
-                    Propagation::HostToContainer => "rslave",
-                    Propagation::Bidirectional => "rshared",
-                },
-            ];
-            opts.push(if m.readonly { "ro" } else { "rw" });
+            let propagation = match m.propagation {
+                Propagation::Private => "rprivate",
+                Propagation::HostToContainer => "rslave",
+                Propagation::Bidirectional => "rshared",
+            };
+            let opts = ["rbind", propagation, if m.readonly { "ro" } else { "rw" }];
             mounts.push(json!({"destination": m.destination, "type": "bind", "source": m.source, "options": opts}));
         }
+        mounts
+    }
 
+    /// Devices, memory, CPU and PID limits.
+    fn resources(&self) -> Value {
         let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
         if self.privileged {
             resources["devices"] = json!([{"allow": true, "access": "rwm"}]);
@@ -174,12 +220,20 @@ impl ContainerConfig {
         if let Some(p) = self.pids_limit {
             resources["pids"] = json!({"limit": p});
         }
+        resources
+    }
 
+    fn linux(&self) -> Value {
+        let sysctl: serde_json::Map<String, Value> = self
+            .sysctls
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
         let mut linux = json!({
-            "namespaces": namespaces,
+            "namespaces": self.namespaces(),
             "cgroupsPath": self.cgroups_path,
-            "resources": resources,
-            "sysctl": self.sysctls.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect::<serde_json::Map<String, Value>>(),
+            "resources": self.resources(),
+            "sysctl": sysctl,
         });
         if !self.privileged {
             linux["maskedPaths"] = json!(MASKED);
@@ -194,30 +248,7 @@ impl ContainerConfig {
         } else if props.contains(&Propagation::HostToContainer) {
             linux["rootfsPropagation"] = json!("slave");
         }
-        let mut process = json!({
-            "terminal": false,
-            "user": {"uid": self.uid, "gid": self.gid, "additionalGids": self.additional_gids},
-            "args": self.args,
-            "env": self.env,
-            "cwd": if self.cwd.is_empty() { "/" } else { &self.cwd },
-            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-            "noNewPrivileges": self.no_new_privileges,
-        });
-        if let Some(adj) = self.oom_score_adj {
-            process["oomScoreAdj"] = json!(adj);
-        }
-        let mut spec = json!({
-            "ociVersion": "1.0.2",
-            "process": process,
-            "root": {"path": self.rootfs, "readonly": self.readonly_rootfs},
-            "mounts": mounts,
-            "linux": linux,
-        });
-        // The host's UTS namespace keeps the host's name.
-        if !self.host_uts {
-            spec["hostname"] = json!(self.hostname);
-        }
-        spec
+        linux
     }
 }
 
