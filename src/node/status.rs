@@ -259,82 +259,7 @@ impl StatusBuilder {
             self.runtime_version = r.runtime_version.clone();
         }
         let (capacity, allocatable) = self.resources(r.nodefs);
-
-        let (mem, disk, pid) = self.pressures(r, now);
-
-        let mut conditions = vec![
-            if mem {
-                self.condition(
-                    "MemoryPressure",
-                    true,
-                    "KubeletHasInsufficientMemory",
-                    "kubelet has insufficient memory available".into(),
-                    &wall,
-                )
-            } else {
-                self.condition(
-                    "MemoryPressure",
-                    false,
-                    "KubeletHasSufficientMemory",
-                    "kubelet has sufficient memory available".into(),
-                    &wall,
-                )
-            },
-            if disk {
-                self.condition(
-                    "DiskPressure",
-                    true,
-                    "KubeletHasDiskPressure",
-                    "kubelet has disk pressure".into(),
-                    &wall,
-                )
-            } else {
-                self.condition(
-                    "DiskPressure",
-                    false,
-                    "KubeletHasNoDiskPressure",
-                    "kubelet has no disk pressure".into(),
-                    &wall,
-                )
-            },
-            if pid {
-                self.condition(
-                    "PIDPressure",
-                    true,
-                    "KubeletHasInsufficientPID",
-                    "kubelet has insufficient PID available".into(),
-                    &wall,
-                )
-            } else {
-                self.condition(
-                    "PIDPressure",
-                    false,
-                    "KubeletHasSufficientPID",
-                    "kubelet has sufficient PID available".into(),
-                    &wall,
-                )
-            },
-        ];
-        let problems = runtime_problems(&r.runtime);
-        conditions.push(if problems.is_empty() {
-            self.condition(
-                "Ready",
-                true,
-                "KubeletReady",
-                "kubelet is posting ready status".into(),
-                &wall,
-            )
-        } else {
-            self.condition(
-                "Ready",
-                false,
-                "KubeletNotReady",
-                problems.join(", "),
-                &wall,
-            )
-        });
-
-        let m = &self.cfg.machine;
+        let conditions = self.conditions(r, now, &wall);
         NodeStatus {
             capacity: Some(capacity),
             allocatable: Some(allocatable),
@@ -354,21 +279,80 @@ impl StatusBuilder {
                     port: self.cfg.kubelet_port,
                 }),
             }),
-            node_info: Some(NodeSystemInfo {
-                architecture: m.architecture.into(),
-                boot_id: m.boot_id.clone(),
-                container_runtime_version: self.runtime_version.clone(),
-                kernel_version: m.kernel_version.clone(),
-                kube_proxy_version: String::new(),
-                kubelet_version: self.cfg.kubelet_version.clone(),
-                machine_id: m.machine_id.clone(),
-                operating_system: "linux".into(),
-                os_image: m.os_image.clone(),
-                system_uuid: m.system_uuid.clone(),
-                ..Default::default()
-            }),
+            node_info: Some(self.node_info()),
             declared_features: (!self.cfg.declared_features.is_empty())
                 .then(|| self.cfg.declared_features.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// The pressure conditions and Ready, with upstream's reasons and
+    /// messages.
+    fn conditions(&mut self, r: &Readings, now: Instant, wall: &Time) -> Vec<NodeCondition> {
+        let (mem, disk, pid) = self.pressures(r, now);
+        // (type, under pressure, reason and message when so, when not)
+        let table = [
+            (
+                "MemoryPressure",
+                mem,
+                (
+                    "KubeletHasInsufficientMemory",
+                    "kubelet has insufficient memory available",
+                ),
+                (
+                    "KubeletHasSufficientMemory",
+                    "kubelet has sufficient memory available",
+                ),
+            ),
+            (
+                "DiskPressure",
+                disk,
+                ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+                ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            ),
+            (
+                "PIDPressure",
+                pid,
+                (
+                    "KubeletHasInsufficientPID",
+                    "kubelet has insufficient PID available",
+                ),
+                (
+                    "KubeletHasSufficientPID",
+                    "kubelet has sufficient PID available",
+                ),
+            ),
+        ];
+        let mut conditions: Vec<NodeCondition> = table
+            .into_iter()
+            .map(|(kind, on, yes, no)| {
+                let (reason, message) = if on { yes } else { no };
+                self.condition(kind, on, reason, message.into(), wall)
+            })
+            .collect();
+        let problems = runtime_problems(&r.runtime);
+        conditions.push(if problems.is_empty() {
+            let msg = "kubelet is posting ready status".into();
+            self.condition("Ready", true, "KubeletReady", msg, wall)
+        } else {
+            self.condition("Ready", false, "KubeletNotReady", problems.join(", "), wall)
+        });
+        conditions
+    }
+
+    fn node_info(&self) -> NodeSystemInfo {
+        let m = &self.cfg.machine;
+        NodeSystemInfo {
+            architecture: m.architecture.into(),
+            boot_id: m.boot_id.clone(),
+            container_runtime_version: self.runtime_version.clone(),
+            kernel_version: m.kernel_version.clone(),
+            kube_proxy_version: String::new(),
+            kubelet_version: self.cfg.kubelet_version.clone(),
+            machine_id: m.machine_id.clone(),
+            operating_system: "linux".into(),
+            os_image: m.os_image.clone(),
+            system_uuid: m.system_uuid.clone(),
             ..Default::default()
         }
     }
