@@ -64,6 +64,7 @@ phase "lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 python3 tests/lint/modgraph.py
+bash tests/lint/vendored.sh
 
 phase "cross: the static x86_64 binary (15 MB budget); armv7 type-checked"
 # The ARM static builds (two more fat-LTO links, armv7's standard library
