@@ -607,7 +607,7 @@ impl Worker {
             self.adopt_sandbox(pod, current).await?;
         }
         let setup = match self.volumes.as_mut() {
-            Some(v) => v.setup(pod).await,
+            Some(v) => v.setup(pod).await.map_err(|e| e.to_string()),
             None => crate::pods::volumes::host::prepare_volumes(pod, &self.node)
                 .map(|_| None)
                 .map_err(|e| e.0),

@@ -119,6 +119,50 @@ impl<'a> Keys<'a> {
     }
 }
 
+/// Why a pod's volumes are not set up; the `Display` is upstream's
+/// `FailedMount` message.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// A host dir's check or creation (hostPath types, emptyDir dirs).
+    #[error("{0}")]
+    Host(String),
+    #[error("MountVolume.SetUp failed for volume {volume:?} : {cause}")]
+    SetUp { volume: String, cause: SetUpError },
+}
+
+/// What failed in one volume's setup.
+#[derive(Debug, thiserror::Error)]
+pub enum SetUpError {
+    #[error("not a valid volume name")]
+    InvalidName,
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: &'static str, name: String },
+    /// The API server could not be asked for an object, and no copy is
+    /// kept.
+    #[error("{0}")]
+    Unreachable(String),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("mounting tmpfs on {}: {source}", path.display())]
+    Tmpfs {
+        path: PathBuf,
+        source: rustix::io::Errno,
+    },
+    #[error(
+        "only configMap, secret, downwardAPI and serviceAccountToken projections are supported"
+    )]
+    UnsupportedProjection,
+    #[error("failed to fetch token: {0}")]
+    Token(String),
+    #[error("{0}")]
+    Render(#[from] render::RenderError),
+    #[error("volume setup task failed: {0}")]
+    Task(String),
+}
+
 /// One pod's volumes.
 pub struct Volumes {
     node: NodeFacts,
@@ -203,17 +247,19 @@ impl Volumes {
     }
 
     /// Prepares (or refreshes) every volume of the pod. `Ok` says when a
-    /// token is next due; `Err` is upstream's `FailedMount` message.
-    pub async fn setup(&mut self, pod: &Pod) -> Result<Option<Duration>, String> {
-        host::prepare_volumes(pod, &self.node).map_err(|e| e.0)?;
+    /// token is next due.
+    pub async fn setup(&mut self, pod: &Pod) -> Result<Option<Duration>, VolumeError> {
+        host::prepare_volumes(pod, &self.node).map_err(|e| VolumeError::Host(e.0))?;
         let mut used = BTreeSet::new();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         for v in volumes {
-            let fail =
-                |e: String| format!("MountVolume.SetUp failed for volume {:?} : {e}", v.name);
+            let fail = |cause: SetUpError| VolumeError::SetUp {
+                volume: v.name.clone(),
+                cause,
+            };
             let dir = self
                 .dir(pod, &v.name)
-                .ok_or_else(|| fail("not a valid volume name".into()))?;
+                .ok_or_else(|| fail(SetUpError::InvalidName))?;
             if v.empty_dir.is_some() {
                 self.empty_dir(pod, v, dir).await.map_err(fail)?;
                 continue;
@@ -233,7 +279,7 @@ impl Volumes {
                 }
                 atomic::write(&dir, &p, gid)
                     .map(|_| ())
-                    .map_err(|e| e.to_string())
+                    .map_err(|source| SetUpError::Io { path: dir, source })
             })
             .await
             .map_err(fail)?;
@@ -252,7 +298,7 @@ impl Volumes {
     /// mode 0777 as upstream makes it, and given to the pod's `fsGroup`
     /// (with `fsGroupChangePolicy: OnRootMismatch` only when its root is
     /// not already right), as upstream's `SetVolumeOwnership`.
-    async fn empty_dir(&mut self, pod: &Pod, v: &Volume, dir: PathBuf) -> Result<(), String> {
+    async fn empty_dir(&mut self, pod: &Pod, v: &Volume, dir: PathBuf) -> Result<(), SetUpError> {
         if self.owned.contains(&v.name) {
             return Ok(());
         }
@@ -269,7 +315,10 @@ impl Volumes {
             if let Some(size) = size {
                 ensure_tmpfs(&dir, size)?;
             }
-            let err = |e: std::io::Error| format!("{}: {e}", dir.display());
+            let err = |source| SetUpError::Io {
+                path: dir.clone(),
+                source,
+            };
             let mode = std::fs::metadata(&dir).map_err(err)?.permissions().mode();
             if mode & 0o777 != 0o777 {
                 let mode = (mode & 0o7000) | 0o777;
@@ -298,7 +347,7 @@ impl Volumes {
         pod: &Pod,
         v: &Volume,
         used: &mut BTreeSet<(ObjectKind, String)>,
-    ) -> Result<Option<(Payload, bool)>, String> {
+    ) -> Result<Option<(Payload, bool)>, SetUpError> {
         if let Some(cm) = &v.config_map {
             let src = Keys::new(
                 ObjectKind::ConfigMap,
@@ -336,7 +385,7 @@ impl Volumes {
         src: &VolumeProjection,
         default_mode: Option<i32>,
         used: &mut BTreeSet<(ObjectKind, String)>,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, SetUpError> {
         if let Some(cm) = &src.config_map {
             let k = Keys::new(
                 ObjectKind::ConfigMap,
@@ -351,12 +400,8 @@ impl Volumes {
             return self.keys(pod, &k, default_mode, used).await;
         }
         if let Some(d) = &src.downward_api {
-            return render::downward(
-                pod,
-                d.items.as_deref().unwrap_or_default(),
-                default_mode,
-                &self.node,
-            );
+            let items = d.items.as_deref().unwrap_or_default();
+            return Ok(render::downward(pod, items, default_mode, &self.node)?);
         }
         if let Some(t) = &src.service_account_token {
             let token = self
@@ -372,10 +417,7 @@ impl Volumes {
             };
             return Ok(Payload::from([(t.path.clone(), f)]));
         }
-        Err(
-            "only configMap, secret, downwardAPI and serviceAccountToken projections are supported"
-                .into(),
-        )
+        Err(SetUpError::UnsupportedProjection)
     }
 
     /// The files of a ConfigMap's or Secret's keys (a volume or a
@@ -386,9 +428,9 @@ impl Volumes {
         k: &Keys<'_>,
         default_mode: Option<i32>,
         used: &mut BTreeSet<(ObjectKind, String)>,
-    ) -> Result<Payload, String> {
+    ) -> Result<Payload, SetUpError> {
         let o = self.object(pod, k.kind, k.name, k.optional, used).await?;
-        render::keys(k.kind, &o, k.items, default_mode, k.optional)
+        Ok(render::keys(k.kind, &o, k.items, default_mode, k.optional)?)
     }
 
     /// A ConfigMap or Secret of the pod's namespace, followed from now on;
@@ -400,7 +442,7 @@ impl Volumes {
         name: &str,
         optional: bool,
         used: &mut BTreeSet<(ObjectKind, String)>,
-    ) -> Result<Object, String> {
+    ) -> Result<Object, SetUpError> {
         let (ns, _) = crate::pods::util::namespace_and_name(pod);
         used.insert((kind, name.to_string()));
         let found = match &self.sources {
@@ -423,7 +465,7 @@ impl Volumes {
                         None => {
                             match self.subs[&key].get(OBJECT_WAIT.saturating_sub(short)).await {
                                 Ok(o) => Ok(o),
-                                Err(_) => return Err(e),
+                                Err(_) => return Err(SetUpError::Unreachable(e)),
                             }
                         }
                     },
@@ -441,7 +483,10 @@ impl Volumes {
         match found {
             Some(o) => Ok(o),
             None if optional => Ok(Object::default()),
-            None => Err(format!("{} {name:?} not found", kind.lower())),
+            None => Err(SetUpError::NotFound {
+                kind: kind.lower(),
+                name: name.into(),
+            }),
         }
     }
 
@@ -451,7 +496,7 @@ impl Volumes {
         pod: &Pod,
         audience: &str,
         expiration: Option<i64>,
-    ) -> Result<String, String> {
+    ) -> Result<String, SetUpError> {
         use k8s_openapi::api::authentication::v1::{
             BoundObjectReference, TokenRequest, TokenRequestSpec,
         };
@@ -471,7 +516,7 @@ impl Volumes {
             return Ok(t.value.clone());
         }
         let Some(src) = &self.sources else {
-            return Err("failed to fetch token: no API server to ask".into());
+            return Err(SetUpError::Token("no API server to ask".into()));
         };
         let req = TokenRequest {
             spec: Some(TokenRequestSpec {
@@ -506,10 +551,10 @@ impl Volumes {
         };
         let status = resp
             .status
-            .ok_or("failed to fetch token: no status in the answer")?;
+            .ok_or_else(|| SetUpError::Token("no status in the answer".into()))?;
         let token = status
             .token
-            .ok_or("failed to fetch token: no token in the answer")?;
+            .ok_or_else(|| SetUpError::Token("no token in the answer".into()))?;
         let requested = Duration::from_secs(seconds.max(0) as u64);
         let left = token_life(&token).unwrap_or_else(|| {
             let exp = status.expiration_timestamp.map(|t| t.0);
@@ -544,7 +589,7 @@ impl Volumes {
         kept_as: &str,
         key: TokenKey,
         e: kube::Error,
-    ) -> Result<String, String> {
+    ) -> Result<String, SetUpError> {
         let now = jiff::Timestamp::now().as_second();
         match self.kept::<KeptToken>(pod, kept_as).await {
             Some(t) if t.expires > now => {
@@ -559,7 +604,7 @@ impl Volumes {
                 );
                 Ok(value)
             }
-            _ => Err(format!("failed to fetch token: {e}")),
+            _ => Err(SetUpError::Token(e.to_string())),
         }
     }
 }
@@ -643,11 +688,11 @@ fn memory_medium(v: &Volume) -> Option<Option<u64>> {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, SetUpError> + Send + 'static,
+) -> Result<T, SetUpError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| format!("volume setup task failed: {e}"))?
+        .map_err(|e| SetUpError::Task(e.to_string()))?
 }
 
 /// Whether `dir` is a mount point (another device than its parent).
@@ -661,7 +706,7 @@ fn is_mount_point(dir: &Path) -> bool {
 
 /// Mounts a tmpfs on `dir` unless one is there (a restart of kinglet
 /// keeps it; a reboot does not, and the files are written again).
-fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
+fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), SetUpError> {
     if is_mount_point(dir) {
         return Ok(());
     }
@@ -673,7 +718,8 @@ fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
         None => String::new(),
     };
     use rustix::mount::{MountFlags, mount};
-    let data = std::ffi::CString::new(opts).map_err(|e| e.to_string())?;
+    // Digits only: no NUL to refuse.
+    let data = std::ffi::CString::new(opts).unwrap_or_default();
     mount(
         "tmpfs",
         dir,
@@ -681,7 +727,10 @@ fn ensure_tmpfs(dir: &Path, size: Option<u64>) -> Result<(), String> {
         MountFlags::NOSUID | MountFlags::NODEV,
         data.as_c_str(),
     )
-    .map_err(|e| format!("mounting tmpfs on {}: {e}", dir.display()))
+    .map_err(|source| SetUpError::Tmpfs {
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// Octal escapes of `/proc/self/mountinfo` undone.

@@ -17,13 +17,29 @@ pub type Payload = BTreeMap<String, FileProjection>;
 /// projected volumes.
 pub const DEFAULT_MODE: i32 = 0o644;
 
+/// Why a volume's files cannot be made from its source; the `Display` is
+/// upstream's wording where it has one.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    #[error("mode {0} must be a number between 0 and 0777 (octal)")]
+    Mode(i32),
+    #[error("configmap references non-existent config key: {0}")]
+    ConfigMapKey(String),
+    #[error("references non-existent secret key: {0}")]
+    SecretKey(String),
+    #[error("unsupported fieldPath {path:?} in volume item {item:?}")]
+    FieldPath { path: String, item: String },
+    #[error("container {container:?} not found for volume item {item:?}")]
+    Container { container: String, item: String },
+    #[error("volume item {0:?} has neither fieldRef nor resourceFieldRef")]
+    NoSource(String),
+}
+
 /// A mode from the API, checked as the apiserver does (0–0777).
-pub fn mode(m: Option<i32>, default: i32) -> Result<u32, String> {
+pub fn mode(m: Option<i32>, default: i32) -> Result<u32, RenderError> {
     let m = m.unwrap_or(default);
     if !(0..=0o777).contains(&m) {
-        return Err(format!(
-            "mode {m} must be a number between 0 and 0777 (octal)"
-        ));
+        return Err(RenderError::Mode(m));
     }
     Ok(m as u32)
 }
@@ -37,7 +53,7 @@ pub fn keys(
     items: Option<&[KeyToPath]>,
     default_mode: Option<i32>,
     optional: bool,
-) -> Result<Payload, String> {
+) -> Result<Payload, RenderError> {
     let default = mode(default_mode, DEFAULT_MODE)?;
     let mut out = Payload::new();
     let Some(items) = items.filter(|i| !i.is_empty()) else {
@@ -56,10 +72,8 @@ pub fn keys(
                 continue;
             }
             return Err(match kind {
-                ObjectKind::ConfigMap => {
-                    format!("configmap references non-existent config key: {}", i.key)
-                }
-                ObjectKind::Secret => format!("references non-existent secret key: {}", i.key),
+                ObjectKind::ConfigMap => RenderError::ConfigMapKey(i.key.clone()),
+                ObjectKind::Secret => RenderError::SecretKey(i.key.clone()),
             });
         };
         let f = FileProjection {
@@ -87,7 +101,7 @@ pub fn downward(
     items: &[DownwardAPIVolumeFile],
     default_mode: Option<i32>,
     node: &NodeFacts,
-) -> Result<Payload, String> {
+) -> Result<Payload, RenderError> {
     let default = mode(default_mode, DEFAULT_MODE)?;
     let mut out = Payload::new();
     for i in items {
@@ -96,7 +110,10 @@ pub fn downward(
                 "metadata.labels" => format_map(pod.metadata.labels.as_ref()),
                 "metadata.annotations" => format_map(pod.metadata.annotations.as_ref()),
                 p => crate::pods::fieldpath::field_ref(pod, p, node).ok_or_else(|| {
-                    format!("unsupported fieldPath {p:?} in volume item {:?}", i.path)
+                    RenderError::FieldPath {
+                        path: p.into(),
+                        item: i.path.clone(),
+                    }
                 })?,
             }
         } else if let Some(r) = &i.resource_field_ref {
@@ -105,15 +122,13 @@ pub fn downward(
             let c = spec
                 .and_then(|s| s.containers.iter().find(|c| c.name == name))
                 .or_else(|| spec.and_then(|s| s.containers.first()))
-                .ok_or_else(|| {
-                    format!("container {name:?} not found for volume item {:?}", i.path)
+                .ok_or_else(|| RenderError::Container {
+                    container: name.into(),
+                    item: i.path.clone(),
                 })?;
             crate::pods::fieldpath::resource_field(c, r, node)
         } else {
-            return Err(format!(
-                "volume item {:?} has neither fieldRef nor resourceFieldRef",
-                i.path
-            ));
+            return Err(RenderError::NoSource(i.path.clone()));
         };
         let f = FileProjection {
             data: value.into_bytes(),
@@ -159,12 +174,14 @@ mod tests {
         assert_eq!(p["dir/b.txt"].mode, 0o600);
         let missing = [item("zz", "zz", None)];
         assert_eq!(
-            keys(ObjectKind::ConfigMap, &o, Some(&missing), None, false),
-            Err("configmap references non-existent config key: zz".into())
+            keys(ObjectKind::ConfigMap, &o, Some(&missing), None, false)
+                .unwrap_err()
+                .to_string(),
+            "configmap references non-existent config key: zz"
         );
         assert_eq!(
             keys(ObjectKind::Secret, &o, Some(&missing), None, false),
-            Err("references non-existent secret key: zz".into())
+            Err(RenderError::SecretKey("zz".into()))
         );
         assert!(
             keys(ObjectKind::Secret, &o, Some(&missing), None, true)
