@@ -214,7 +214,7 @@ impl Kubelet {
         node_ctx.services = client
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
-        let status = pods::StatusManager::new(status_dir.clone(), writer)
+        let status = pods::StatusManager::new(status_dir, writer)
             .with_metrics(node_ctx.metrics.clone());
         if let Some(c) = &client {
             let metrics = node_ctx.metrics.clone();
@@ -228,17 +228,7 @@ impl Kubelet {
             )?;
         }
         let reserved = node::status::reservations(&cfg.system_reserved, &cfg.kube_reserved);
-        let (cpu, memory) =
-            node::status::allocatable_cpu_memory(machine, &reserved, &cfg.eviction_thresholds()?);
-        let allocatable = pods::admit::Allocatable {
-            cpu_milli: u128::from(cpu),
-            memory: u128::from(memory),
-            pods: cfg.max_pods.max(0) as usize,
-            labels: pods::admit::NodeLabels::new(self.node_labels(s, store.as_ref())),
-            sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
-                .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
-            pressure: Some(self.pressure.clone()),
-        };
+        let allocatable = self.allocatable(s, host, &reserved, store.as_ref())?;
         let view = status.view();
         if let Some(slot) = &self.gc_pods {
             let _ = slot.set(view.clone());
@@ -259,10 +249,51 @@ impl Kubelet {
         let manager = manager
             .with_relist_heartbeat(relist)
             .with_pod_cgroup_sweep(std::path::PathBuf::from(CGROUP_MOUNT));
+        self.start_sources(s, client, store, pod_tx);
+        self.spawn(manager.run(inputs, self.shutdown.clone()));
+        Ok(())
+    }
+
+    /// What admission may give pods: the node's CPU and memory less the
+    /// reservations and the hard eviction thresholds, `maxPods`, its
+    /// labels, the sysctl allowlist and the eviction manager's pressure.
+    fn allocatable(
+        &mut self,
+        s: &Settings,
+        host: &Host,
+        reserved: &std::collections::BTreeMap<String, u64>,
+        store: Option<&Arc<crate::store::LocalStore>>,
+    ) -> anyhow::Result<pods::admit::Allocatable> {
+        let cfg = &s.config;
+        let (cpu, memory) = node::status::allocatable_cpu_memory(
+            &host.machine,
+            reserved,
+            &cfg.eviction_thresholds()?,
+        );
+        Ok(pods::admit::Allocatable {
+            cpu_milli: u128::from(cpu),
+            memory: u128::from(memory),
+            pods: cfg.max_pods.max(0) as usize,
+            labels: pods::admit::NodeLabels::new(self.node_labels(s, store)),
+            sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
+                .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
+            pressure: Some(self.pressure.clone()),
+        })
+    }
+
+    /// The pod sources: the API watch (with its checkpoint) when connected,
+    /// the static pod dir when configured.
+    fn start_sources(
+        &mut self,
+        s: &Settings,
+        client: Option<kube::Client>,
+        store: Option<Arc<crate::store::LocalStore>>,
+        pod_tx: tokio::sync::mpsc::Sender<pods::sources::SourceUpdate>,
+    ) {
         if let Some(client) = client {
             let checkpoint = pods::api::Checkpoint {
-                store: store.clone(),
-                legacy: status_dir.join("api-checkpoint.json"),
+                store,
+                legacy: s.root_dir.join("pods").join("api-checkpoint.json"),
             };
             let watch = pods::api::watch(
                 client,
@@ -273,13 +304,11 @@ impl Kubelet {
             );
             self.spawn(watch);
         }
-        if !cfg.static_pod_path.is_empty() {
-            let dir = cfg.static_pod_path.clone().into();
+        if !s.config.static_pod_path.is_empty() {
+            let dir = s.config.static_pod_path.clone().into();
             let watch = pods::file::watch(dir, s.node_name.clone(), pod_tx, self.shutdown.clone());
             self.spawn(watch);
         }
-        self.spawn(manager.run(inputs, self.shutdown.clone()));
-        Ok(())
     }
 
     /// The pods' cgroup (node allocatable enforced on it) and the eviction
