@@ -214,8 +214,8 @@ impl Kubelet {
         node_ctx.services = client
             .clone()
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
-        let status = pods::StatusManager::new(status_dir, writer)
-            .with_metrics(node_ctx.metrics.clone());
+        let status =
+            pods::StatusManager::new(status_dir, writer).with_metrics(node_ctx.metrics.clone());
         if let Some(c) = &client {
             let metrics = node_ctx.metrics.clone();
             self.start_server(

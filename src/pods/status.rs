@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Container, ContainerState as KState, ContainerStateRunning, ContainerStateTerminated,
-    ContainerStateWaiting, ContainerStatus as KStatus, Pod, PodCondition, PodIP, PodStatus,
+    ContainerStateWaiting, ContainerStatus as KStatus, Pod, PodCondition, PodIP, PodSpec,
+    PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus, WaitingReason};
@@ -154,40 +155,9 @@ pub fn pod_status(
             health,
         )
     };
-    let inits: Vec<KStatus> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(status_of)
-        .collect();
-    let mut inits = inits;
-    for (s, c) in inits.iter_mut().zip(spec.init_containers.iter().flatten()) {
-        let done = s
-            .state
-            .as_ref()
-            .and_then(|st| st.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0);
-        // A finished (non-restartable) init container reads as ready, as
-        // upstream's prober manager sets it.
-        if done && c.restart_policy.as_deref() != Some("Always") {
-            s.ready = true;
-        }
-    }
+    let inits = init_statuses(&spec, status_of);
     let regular: Vec<KStatus> = spec.containers.iter().map(status_of).collect();
-    let ephemeral: Vec<KStatus> = super::util::ephemeral_containers(&spec)
-        .iter()
-        .map(|c| {
-            let w = waiting.get(&c.name);
-            let reason = WaitingReason::ContainerCreating;
-            // Never probed: upstream's prober sets `ready` and `started`
-            // for init and regular containers only.
-            KStatus {
-                ready: false,
-                started: None,
-                ..container_status(c, containers, w, reason, at.scheme, health)
-            }
-        })
-        .collect();
+    let ephemeral = ephemeral_statuses(&spec, containers, waiting, at.scheme, health);
     let init = InitProgress::of(&spec, &inits, policy);
     let phase = phase(&spec.containers, &regular, policy, &init);
     let (host_ip, pod_ip) = (at.host_ip, at.pod_ip);
@@ -225,6 +195,49 @@ pub fn pod_status(
         qos_class: Some(crate::cm::qos::qos_class(pod).into()),
         ..Default::default()
     }
+}
+
+/// The init containers' statuses; a finished (non-restartable) one
+/// reads as ready, as upstream's prober manager sets it.
+fn init_statuses(spec: &PodSpec, status_of: impl Fn(&Container) -> KStatus) -> Vec<KStatus> {
+    let inits = spec.init_containers.iter().flatten();
+    inits
+        .map(|c| {
+            let mut s = status_of(c);
+            let done = s
+                .state
+                .as_ref()
+                .and_then(|st| st.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0);
+            if done && c.restart_policy.as_deref() != Some("Always") {
+                s.ready = true;
+            }
+            s
+        })
+        .collect()
+}
+
+/// The ephemeral containers' statuses: never probed (upstream's prober
+/// sets `ready` and `started` for init and regular containers only).
+fn ephemeral_statuses(
+    spec: &PodSpec,
+    containers: &[ContainerStatus],
+    waiting: &BTreeMap<String, Waiting>,
+    scheme: &str,
+    health: &dyn Health,
+) -> Vec<KStatus> {
+    super::util::ephemeral_containers(spec)
+        .iter()
+        .map(|c| {
+            let w = waiting.get(&c.name);
+            let reason = WaitingReason::ContainerCreating;
+            KStatus {
+                ready: false,
+                started: None,
+                ..container_status(c, containers, w, reason, scheme, health)
+            }
+        })
+        .collect()
 }
 
 /// Where the init containers are.
