@@ -394,113 +394,142 @@ impl Sampler {
     /// The summary API's JSON (`statsapi.Summary`), the fields kinglet
     /// measures.
     pub fn summary(&self, s: &Snapshot) -> serde_json::Value {
-        let now = Instant::now();
-        let time = s.at.to_string();
-        let cpu = |key: &str, nanos: u64| serde_json::json!({"time": time, "usageNanoCores": self.rate(key, nanos, now), "usageCoreNanoSeconds": nanos});
-        let mem = |ws: u64, usage: u64, avail: Option<u64>| {
-            let mut m =
-                serde_json::json!({"time": time, "usageBytes": usage, "workingSetBytes": ws});
-            if let Some(a) = avail {
-                m["availableBytes"] = a.into();
-            }
-            m
-        };
-        let fs = |f: &Option<crate::node::host::FsStats>| {
-            f.as_ref().map(|f| {
-                serde_json::json!({
-                    "time": time,
-                    "availableBytes": f.available_bytes,
-                    "capacityBytes": f.capacity_bytes,
-                    "usedBytes": f.capacity_bytes.saturating_sub(f.available_bytes),
-                    "inodesFree": f.inodes_free,
-                    "inodes": f.inodes,
-                    "inodesUsed": f.inodes.saturating_sub(f.inodes_free),
-                })
-            })
+        let w = SummaryWriter {
+            sampler: self,
+            time: s.at.to_string(),
+            now: Instant::now(),
+            snapshot: s,
         };
         let n = &s.node;
+        let avail = n.memory_capacity.saturating_sub(n.working_set);
         let mut node = serde_json::json!({
             "nodeName": self.node_name,
             "startTime": self.started.to_string(),
-            "cpu": cpu("node", n.cpu_nanos),
-            "memory": mem(n.working_set, n.memory_usage, Some(n.memory_capacity.saturating_sub(n.working_set))),
-            "fs": fs(&n.fs),
-            "runtime": {"imageFs": fs(&n.image_fs)},
+            "cpu": w.cpu("node", n.cpu_nanos),
+            "memory": w.mem(n.working_set, n.memory_usage, Some(avail)),
+            "fs": w.fs(n.fs.as_ref()),
+            "runtime": {"imageFs": w.fs(n.image_fs.as_ref())},
         });
-        add_psi(&mut node, &n.psi, &time);
-        let image_fs = n.image_fs.as_ref();
-        let pods: Vec<serde_json::Value> = s
-            .pods
+        add_psi(&mut node, &n.psi, &w.time);
+        let pods: Vec<serde_json::Value> = s.pods.iter().map(|p| w.pod(p)).collect();
+        serde_json::json!({"node": node, "pods": pods})
+    }
+}
+
+/// One snapshot's summary as JSON: the time stamp and the CPU rates every
+/// entry shares.
+struct SummaryWriter<'a> {
+    sampler: &'a Sampler,
+    snapshot: &'a Snapshot,
+    time: String,
+    now: Instant,
+}
+
+impl SummaryWriter<'_> {
+    fn cpu(&self, key: &str, nanos: u64) -> serde_json::Value {
+        let rate = self.sampler.rate(key, nanos, self.now);
+        serde_json::json!({"time": self.time, "usageNanoCores": rate, "usageCoreNanoSeconds": nanos})
+    }
+
+    fn mem(&self, ws: u64, usage: u64, avail: Option<u64>) -> serde_json::Value {
+        let mut m =
+            serde_json::json!({"time": self.time, "usageBytes": usage, "workingSetBytes": ws});
+        if let Some(a) = avail {
+            m["availableBytes"] = a.into();
+        }
+        m
+    }
+
+    fn fs(&self, f: Option<&crate::node::host::FsStats>) -> Option<serde_json::Value> {
+        f.map(|f| {
+            serde_json::json!({
+                "time": self.time,
+                "availableBytes": f.available_bytes,
+                "capacityBytes": f.capacity_bytes,
+                "usedBytes": f.capacity_bytes.saturating_sub(f.available_bytes),
+                "inodesFree": f.inodes_free,
+                "inodes": f.inodes,
+                "inodesUsed": f.inodes.saturating_sub(f.inodes_free),
+            })
+        })
+    }
+
+    fn container(&self, p: &PodSample, c: &ContainerSample) -> serde_json::Value {
+        let image_fs = self.snapshot.node.image_fs.as_ref();
+        let started = jiff::Timestamp::from_second(c.started_at as i64)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        let mut v = serde_json::json!({
+            "name": c.name,
+            "startTime": started,
+            "cpu": self.cpu(&format!("{}/{}", p.uid, c.name), c.cpu_nanos),
+            "memory": self.mem(c.working_set, c.working_set, None),
+            "rootfs": {
+                "time": self.time,
+                "usedBytes": c.rootfs,
+                "capacityBytes": image_fs.map(|f| f.capacity_bytes),
+                "availableBytes": image_fs.map(|f| f.available_bytes),
+            },
+        });
+        add_psi(&mut v, &c.psi, &self.time);
+        v
+    }
+
+    fn pod(&self, p: &PodSample) -> serde_json::Value {
+        let containers: Vec<serde_json::Value> = self
+            .snapshot
+            .containers
             .iter()
-            .map(|p| {
-                let containers: Vec<serde_json::Value> = s
-                    .containers
-                    .iter()
-                    .filter(|c| c.pod_uid == p.uid)
-                    .map(|c| {
-                        let started = jiff::Timestamp::from_second(c.started_at as i64)
-                            .map(|t| t.to_string())
-                            .unwrap_or_default();
-                        let mut v = serde_json::json!({
-                            "name": c.name,
-                            "startTime": started,
-                            "cpu": cpu(&format!("{}/{}", p.uid, c.name), c.cpu_nanos),
-                            "memory": mem(c.working_set, c.working_set, None),
-                            "rootfs": {
-                                "time": time,
-                                "usedBytes": c.rootfs,
-                                "capacityBytes": image_fs.map(|f| f.capacity_bytes),
-                                "availableBytes": image_fs.map(|f| f.available_bytes),
-                            },
-                        });
-                        add_psi(&mut v, &c.psi, &time);
-                        v
-                    })
-                    .collect();
-                let fs = n.fs.as_ref();
-                let volume: Vec<serde_json::Value> = p
-                    .volumes
-                    .iter()
-                    .map(|(name, used, inodes)| {
-                        serde_json::json!({
-                            "time": time, "name": name, "usedBytes": used, "inodesUsed": inodes,
-                            "capacityBytes": fs.map(|f| f.capacity_bytes),
-                            "availableBytes": fs.map(|f| f.available_bytes),
-                            "inodes": fs.map(|f| f.inodes),
-                            "inodesFree": fs.map(|f| f.inodes_free),
-                        })
-                    })
-                    .collect();
-                let mut pod = serde_json::json!({
-                    "podRef": {"name": p.pod, "namespace": p.namespace, "uid": p.uid},
-                    "startTime": p.start_time,
-                    "containers": containers,
-                    "cpu": cpu(&p.uid, p.cpu_nanos),
-                    "memory": mem(p.working_set, p.working_set, None),
-                    "volume": volume,
-                });
-                add_psi(&mut pod, &p.psi, &time);
-                if let Some(first) = p
-                    .network
-                    .iter()
-                    .find(|i| i.name == "eth0")
-                    .or(p.network.first())
-                {
-                    let iface = |i: &Interface| {
-                        serde_json::json!({
-                            "name": i.name, "rxBytes": i.rx_bytes, "rxErrors": i.rx_errors,
-                            "txBytes": i.tx_bytes, "txErrors": i.tx_errors,
-                        })
-                    };
-                    let mut net = iface(first);
-                    net["time"] = time.clone().into();
-                    net["interfaces"] = p.network.iter().map(iface).collect();
-                    pod["network"] = net;
-                }
-                pod
+            .filter(|c| c.pod_uid == p.uid)
+            .map(|c| self.container(p, c))
+            .collect();
+        let fs = self.snapshot.node.fs.as_ref();
+        let volume: Vec<serde_json::Value> = p
+            .volumes
+            .iter()
+            .map(|(name, used, inodes)| {
+                serde_json::json!({
+                    "time": self.time, "name": name, "usedBytes": used, "inodesUsed": inodes,
+                    "capacityBytes": fs.map(|f| f.capacity_bytes),
+                    "availableBytes": fs.map(|f| f.available_bytes),
+                    "inodes": fs.map(|f| f.inodes),
+                    "inodesFree": fs.map(|f| f.inodes_free),
+                })
             })
             .collect();
-        serde_json::json!({"node": node, "pods": pods})
+        let mut pod = serde_json::json!({
+            "podRef": {"name": p.pod, "namespace": p.namespace, "uid": p.uid},
+            "startTime": p.start_time,
+            "containers": containers,
+            "cpu": self.cpu(&p.uid, p.cpu_nanos),
+            "memory": self.mem(p.working_set, p.working_set, None),
+            "volume": volume,
+        });
+        add_psi(&mut pod, &p.psi, &self.time);
+        if let Some(net) = self.network(p) {
+            pod["network"] = net;
+        }
+        pod
+    }
+
+    /// The pod's network: `eth0` (else its first interface) at the top,
+    /// every interface listed.
+    fn network(&self, p: &PodSample) -> Option<serde_json::Value> {
+        let first = p
+            .network
+            .iter()
+            .find(|i| i.name == "eth0")
+            .or(p.network.first())?;
+        let iface = |i: &Interface| {
+            serde_json::json!({
+                "name": i.name, "rxBytes": i.rx_bytes, "rxErrors": i.rx_errors,
+                "txBytes": i.tx_bytes, "txErrors": i.tx_errors,
+            })
+        };
+        let mut net = iface(first);
+        net["time"] = self.time.clone().into();
+        net["interfaces"] = p.network.iter().map(iface).collect();
+        Some(net)
     }
 }
 
