@@ -556,6 +556,7 @@ impl KubeletConfiguration {
         self.validate_tls()?;
         self.validate_disk()?;
         self.validate_node()?;
+        self.validate_resources()?;
         Ok(())
     }
 
@@ -701,8 +702,8 @@ impl KubeletConfiguration {
         Ok(())
     }
 
-    /// Cgroups, authorization, reservations, taints, sysctls, logging,
-    /// eviction and OOM settings.
+    /// The cgroup driver, authorization, reservations, taints, sysctls and
+    /// logging.
     fn validate_node(&self) -> Result<(), ConfigError> {
         if !["cgroupfs", "systemd"].contains(&self.cgroup_driver.as_str()) {
             return Err(field_err(
@@ -767,6 +768,12 @@ impl KubeletConfiguration {
                 format!("{:?} must be \"text\" or \"json\"", self.logging.format),
             ));
         }
+        Ok(())
+    }
+
+    /// Eviction thresholds, the OOM score, node allocatable enforcement
+    /// and the cgroup root.
+    fn validate_resources(&self) -> Result<(), ConfigError> {
         self.eviction_thresholds()?;
         if !(-1000..=1000).contains(&self.oom_score_adj) {
             return Err(field_err(
