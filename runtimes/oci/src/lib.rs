@@ -429,6 +429,39 @@ impl OciRuntime {
         Ok((image, mounts))
     }
 
+    /// The sandbox's namespaces made and, with CNI and its own network, the
+    /// pod's network added (its IP); undone on failure.
+    async fn sandbox_network(
+        &self,
+        id: &str,
+        cfg: &SandboxConfig,
+        ns: &network::PodNamespaces,
+    ) -> Result<Option<String>, RuntimeError> {
+        let pod = network::PodRef {
+            namespace: cfg.namespace.clone(),
+            name: cfg.pod_name.clone(),
+            uid: cfg.pod_uid.clone(),
+        };
+        let made = self.make_namespaces(ns).await;
+        let added = match (made, &self.cni, &ns.net) {
+            (Err(e), _, _) => Err(e),
+            (Ok(()), Some(cni), Some(netns)) => cni
+                .add(id, netns, &pod, &port_mappings_json(&cfg.port_mappings))
+                .await
+                .map_err(|e| RuntimeError::Other(e.to_string())),
+            (Ok(()), _, _) => Ok(None),
+        };
+        if added.is_err() {
+            if let (Some(cni), Some(netns)) = (&self.cni, &ns.net) {
+                let _ = cni.del(id, netns, &pod).await;
+            }
+            for f in ns.files() {
+                network::remove_netns(f);
+            }
+        }
+        added
+    }
+
     /// Removes a container's directory (and unmounts its rootfs) off the
     /// async thread.
     async fn teardown_container_dir(&self, id: &str) {
@@ -702,6 +735,20 @@ fn statuses(containers: &Path, records: Vec<monitor::ContainerRecord>) -> Vec<Co
     out
 }
 
+/// The sandbox's dir with the pod's `resolv.conf` and `hostname` (bound
+/// into its containers), and the pod's log dir. Blocking.
+fn sandbox_files(dir: &Path, cfg: &SandboxConfig) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(dir).map_err(|e| rt_err("sandbox dir", e))?;
+    std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf)
+        .map_err(|e| rt_err("resolv.conf", e))?;
+    std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname))
+        .map_err(|e| rt_err("hostname", e))?;
+    if !cfg.log_directory.is_empty() {
+        std::fs::create_dir_all(&cfg.log_directory).map_err(|e| rt_err("log dir", e))?;
+    }
+    Ok(())
+}
+
 /// What kinglet records of a container beside its bundle.
 fn container_meta(
     sandbox_id: &str,
@@ -911,14 +958,8 @@ impl Runtime for OciRuntime {
         Box::pin(async move {
             let id = new_id();
             let dir = self.sandbox_dir(&id);
-            std::fs::create_dir_all(&dir).map_err(|e| rt_err("sandbox dir", e))?;
-            std::fs::write(dir.join("resolv.conf"), &cfg.resolv_conf)
-                .map_err(|e| rt_err("resolv.conf", e))?;
-            std::fs::write(dir.join("hostname"), format!("{}\n", cfg.hostname))
-                .map_err(|e| rt_err("hostname", e))?;
-            if !cfg.log_directory.is_empty() {
-                std::fs::create_dir_all(&cfg.log_directory).map_err(|e| rt_err("log dir", e))?;
-            }
+            let (d, c) = (dir.clone(), cfg.clone());
+            blocking(move || sandbox_files(&d, &c)).await?;
             let mut meta = SandboxMeta {
                 pod_uid: cfg.pod_uid.clone(),
                 pod_name: cfg.pod_name.clone(),
@@ -955,33 +996,9 @@ impl Runtime for OciRuntime {
                     return Err(rt_err("pod pids limit", e));
                 }
             }
-            let pod = network::PodRef {
-                namespace: cfg.namespace.clone(),
-                name: cfg.pod_name.clone(),
-                uid: cfg.pod_uid.clone(),
-            };
-            let made = self.make_namespaces(&ns).await;
-            let added = match (made, &self.cni, &ns.net) {
-                (Err(e), _, _) => Err(e),
-                (Ok(()), Some(cni), Some(netns)) => cni
-                    .add(&id, netns, &pod, &port_mappings_json(&cfg.port_mappings))
-                    .await
-                    .map_err(|e| RuntimeError::Other(e.to_string())),
-                (Ok(()), _, _) => Ok(None),
-            };
-            match added {
-                Ok(ip) => meta.ip = ip,
-                Err(e) => {
-                    if let (Some(cni), Some(netns)) = (&self.cni, &ns.net) {
-                        let _ = cni.del(&id, netns, &pod).await;
-                    }
-                    for f in ns.files() {
-                        network::remove_netns(f);
-                    }
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return Err(e);
-                }
-            }
+            meta.ip = self.sandbox_network(&id, cfg, &ns).await.inspect_err(|_| {
+                let _ = std::fs::remove_dir_all(&dir);
+            })?;
             meta.setting_up = false;
             write_json_atomic(&dir.join("meta.json"), &meta)
                 .map_err(|e| rt_err("sandbox meta", e))?;
