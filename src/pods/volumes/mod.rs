@@ -549,23 +549,8 @@ impl Volumes {
             Ok(r) => r,
             Err(e) => return self.kept_token(pod, &kept_as, key, e).await,
         };
-        let status = resp
-            .status
-            .ok_or_else(|| SetUpError::Token("no status in the answer".into()))?;
-        let token = status
-            .token
-            .ok_or_else(|| SetUpError::Token("no token in the answer".into()))?;
         let requested = Duration::from_secs(seconds.max(0) as u64);
-        let left = token_life(&token).unwrap_or_else(|| {
-            let exp = status.expiration_timestamp.map(|t| t.0);
-            let left = exp.map(|t| t.duration_since(jiff::Timestamp::now()));
-            match left.and_then(|d| Duration::try_from(d).ok()) {
-                Some(d) if !d.is_zero() => d,
-                // Expired by this node's clock though just issued: the
-                // clock is wrong, not the token.
-                _ => requested,
-            }
-        });
+        let (token, left) = granted(resp, requested)?;
         let t = Token {
             value: token.clone(),
             refresh_at: Instant::now() + refresh_after(requested, left),
@@ -607,6 +592,31 @@ impl Volumes {
             _ => Err(SetUpError::Token(e.to_string())),
         }
     }
+}
+
+/// The token an answer grants and how long it lives: by its own claims,
+/// else by the answer's expiry on this node's clock, else as asked.
+fn granted(
+    resp: k8s_openapi::api::authentication::v1::TokenRequest,
+    requested: Duration,
+) -> Result<(String, Duration), SetUpError> {
+    let status = resp
+        .status
+        .ok_or_else(|| SetUpError::Token("no status in the answer".into()))?;
+    let token = status
+        .token
+        .ok_or_else(|| SetUpError::Token("no token in the answer".into()))?;
+    let left = token_life(&token).unwrap_or_else(|| {
+        let exp = status.expiration_timestamp.map(|t| t.0);
+        let left = exp.map(|t| t.duration_since(jiff::Timestamp::now()));
+        match left.and_then(|d| Duration::try_from(d).ok()) {
+            Some(d) if !d.is_zero() => d,
+            // Expired by this node's clock though just issued: the clock
+            // is wrong, not the token.
+            _ => requested,
+        }
+    });
+    Ok((token, left))
 }
 
 /// A token's life as its issuer counts it (`exp` − `iat` of its JWT
