@@ -56,20 +56,8 @@ pub fn parse(name: &str) -> Result<ImageName, InvalidImageName> {
         return Err(bad("invalid reference format"));
     }
     let (rest, digest) = match name.split_once('@') {
-        Some((r, d)) => {
-            let (algo, hex) = d.split_once(':').ok_or_else(|| bad("invalid digest"))?;
-            let ok = match algo {
-                "sha256" => hex.len() == 64,
-                "sha512" => hex.len() == 128,
-                _ => false,
-            } && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-            if !ok {
-                return Err(bad("invalid digest"));
-            }
-            (r, Some(d.to_string()))
-        }
+        Some((r, d)) if valid_digest(d) => (r, Some(d.to_string())),
+        Some(_) => return Err(bad("invalid digest")),
         None => (name, None),
     };
     let last_slash = rest.rfind('/').map_or(0, |i| i + 1);
@@ -77,55 +65,21 @@ pub fn parse(name: &str) -> Result<ImageName, InvalidImageName> {
         Some(i) => (&rest[..last_slash + i], Some(&rest[last_slash + i + 1..])),
         None => (rest, None),
     };
-    if let Some(t) = tag {
-        let ok = !t.is_empty()
-            && t.len() <= 128
-            && t.bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
-        if !ok {
-            return Err(bad("invalid tag"));
-        }
+    if tag.is_some_and(|t| !valid_tag(t)) {
+        return Err(bad("invalid tag"));
     }
     let mut parts: Vec<&str> = path.split('/').collect();
     let registry = if parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost")
     {
         let host = parts.remove(0);
-        let (h, port) = match host.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || host.starts_with('[') => (h, Some(p)),
-            _ => (host, None),
-        };
-        let host_ok = if let Some(inner) = h.strip_prefix('[') {
-            inner
-                .strip_suffix(']')
-                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
-        } else {
-            !h.is_empty()
-                && h.split('.').all(|l| {
-                    !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                })
-        };
-        if !host_ok || port.is_some_and(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
-        {
+        if !valid_host(host) {
             return Err(bad("invalid registry host"));
         }
         host.to_string()
     } else {
         "docker.io".to_string()
     };
-    let component_ok = |c: &str| {
-        let b = c.as_bytes();
-        !b.is_empty()
-            && b[0].is_ascii_lowercase() | b[0].is_ascii_digit()
-            && b[b.len() - 1].is_ascii_lowercase() | b[b.len() - 1].is_ascii_digit()
-            && c.bytes()
-                .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || b"._-".contains(&x))
-            && !c.contains("..")
-            && !c.contains("___")
-    };
-    if parts.is_empty() || !parts.iter().all(|c| component_ok(c)) {
+    if parts.is_empty() || !parts.iter().all(|c| valid_component(c)) {
         return Err(bad(
             "repository name must be lowercase alphanumerics separated by '.', '_', '-' or '/'",
         ));
@@ -145,6 +99,65 @@ pub fn parse(name: &str) -> Result<ImageName, InvalidImageName> {
             .or_else(|| digest.is_none().then(|| "latest".into())),
         digest,
     })
+}
+
+/// `sha256:` and 64 lower-case hex digits, or `sha512:` and 128.
+fn valid_digest(d: &str) -> bool {
+    let Some((algo, hex)) = d.split_once(':') else {
+        return false;
+    };
+    let len = match algo {
+        "sha256" => 64,
+        "sha512" => 128,
+        _ => return false,
+    };
+    hex.len() == len
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.
+fn valid_tag(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 128
+        && t.bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+}
+
+/// A registry host: DNS labels or a bracketed IPv6 address, with an
+/// optional numeric port.
+fn valid_host(host: &str) -> bool {
+    let (h, port) = match host.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || host.starts_with('[') => (h, Some(p)),
+        _ => (host, None),
+    };
+    let host_ok = if let Some(inner) = h.strip_prefix('[') {
+        inner
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+    } else {
+        !h.is_empty()
+            && h.split('.')
+                .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    };
+    host_ok && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// One path component of a repository: lower-case alphanumerics, with
+/// `.`, `_`, `-` between them (no `..`, no `___`).
+fn valid_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_lowercase() | b[0].is_ascii_digit()
+        && b[b.len() - 1].is_ascii_lowercase() | b[b.len() - 1].is_ascii_digit()
+        && c.bytes()
+            .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit() || b"._-".contains(&x))
+        && !c.contains("..")
+        && !c.contains("___")
 }
 
 /// The pull policy the kubelet applies when a container names none:
