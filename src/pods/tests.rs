@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::fake::FakeRuntime;
-use kinglet_runtime::{BoxFuture, Runtime};
+use kinglet_runtime::{BoxFuture, ContainerState, Runtime};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -472,5 +472,50 @@ async fn sidecars_stop_after_the_main_containers_in_reverse_order() {
             .filter_map(|c| c.strip_prefix("stop ").map(str::to_string))
             .collect();
     assert_eq!(stops, ids, "{:?}", n.rt.calls());
+    n.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_of_unknown_state_is_killed_and_replaced_once() {
+    let n = node();
+    n.run(pod("u1", ONE)).await;
+    let first = n.rt.containers()[0].id.clone();
+    n.rt.set_state("a", ContainerState::Unknown);
+    n.until(Duration::from_secs(5), |n| {
+        let cs = n.rt.containers();
+        cs.len() == 1 && cs[0].state == ContainerState::Running && cs[0].id != first
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let cs = n.rt.containers();
+    assert_eq!((cs.len(), cs[0].attempt), (1, 1), "{cs:?}");
+    assert_eq!(n.calls(&format!("stop {first}")), 1);
+    assert_eq!(n.calls(&format!("remove {first}")), 1);
+    assert_eq!(n.calls("create a"), 2);
+    n.stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_created_container_that_will_not_start_is_replaced_after_a_back_off() {
+    let n = node();
+    n.rt.refuse_starts(2);
+    n.send(vec![pod("u1", ONE)]).await;
+    n.until(Duration::from_secs(3), |n| {
+        n.waiting_reason("u1").as_deref() == Some("RunContainerError")
+    })
+    .await;
+    // The first refusal backs off 10 s: no second start meanwhile.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(n.calls("refused start"), 1, "{:?}", n.rt.calls());
+    n.until(Duration::from_secs(10), |n| {
+        n.phase("u1").as_deref() == Some("Running")
+    })
+    .await;
+    // The second refusal removed the created container; a new one ran.
+    assert_eq!(n.calls("refused start"), 2);
+    assert_eq!(n.calls("create a"), 2);
+    let cs = n.rt.containers();
+    assert_eq!(cs.len(), 1, "{cs:?}");
+    assert_eq!(cs[0].state, ContainerState::Running);
     n.stop.cancel();
 }

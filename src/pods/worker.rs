@@ -714,28 +714,27 @@ impl Worker {
                 None
             }
             Step::StartCreated(id) => {
-                if let Err(e) = self.runtime.start_container(&id).await {
-                    warn!(pod = %pod_name(pod), container = %c.name, error = %e, "starting a created container failed");
-                }
-                self.acted();
-                None
-            }
-            Step::Start { attempt, remove } => {
-                if attempt > 0 && !self.backoffs.failure.contains_key(&c.name) {
-                    let now = Instant::now();
-                    let seeded = (!s.reset_backoff)
-                        .then(|| plan::seeded_backoff(attempt - 1, now))
-                        .flatten();
-                    let prev = self.backoffs.restart.get(&c.name).or(seeded.as_ref());
-                    let next = plan::next_backoff(prev, now);
-                    self.backoffs.restart.insert(c.name.clone(), next);
-                }
-                for id in remove {
-                    let _ = self.runtime.remove_container(&id).await;
-                }
-                let wake = self.start(pod, sb, sandbox_id, c, attempt).await;
+                let wake = self.start_created(pod, c, &id).await;
                 self.acted();
                 wake
+            }
+            Step::Replace {
+                unknown,
+                attempt,
+                mut remove,
+            } => {
+                // Upstream kills a container of unknown state before its
+                // restart: it may still run.
+                if let Err(e) = self.runtime.stop_container(&unknown, Duration::ZERO).await {
+                    warn!(pod = %pod_name(pod), container = %c.name, error = %e, "killing a container of unknown state failed");
+                }
+                remove.insert(0, unknown);
+                self.start_attempt(pod, sb, sandbox_id, c, attempt, remove, s.reset_backoff)
+                    .await
+            }
+            Step::Start { attempt, remove } => {
+                self.start_attempt(pod, sb, sandbox_id, c, attempt, remove, s.reset_backoff)
+                    .await
             }
             Step::CrashLoop { delay, left } => {
                 self.crash_loop(pod, c, delay).await;
@@ -743,6 +742,55 @@ impl Worker {
             }
             Step::RetryLater { left } => Some(left),
         }
+    }
+
+    /// Starts a container created before a crash (of kinglet, or of the
+    /// runtime mid-start). A refusal removes it, so the next look, after a
+    /// fresh relist, creates a new one under the back-off already running
+    /// instead of asking again; only a failed removal adds a back-off.
+    async fn start_created(&mut self, pod: &Pod, c: &Container, id: &str) -> Wake {
+        let e = match self.runtime.start_container(id).await {
+            Ok(()) => return None,
+            Err(e) => e,
+        };
+        warn!(pod = %pod_name(pod), container = %c.name, error = %e, "starting a created container failed");
+        let reason = WaitingReason::RunContainerError;
+        self.waiting.insert(c.name.clone(), (reason, e.to_string()));
+        let e = self.runtime.remove_container(id).await.err()?;
+        warn!(pod = %pod_name(pod), container = %c.name, error = %e, "removing a container that would not start failed");
+        let next = plan::next_backoff(self.backoffs.failure.get(&c.name), Instant::now());
+        self.backoffs.failure.insert(c.name.clone(), next);
+        Some(next.delay)
+    }
+
+    /// Removes older attempts and starts `attempt`, counting a restart
+    /// into the back-off.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_attempt(
+        &mut self,
+        pod: &Pod,
+        sb: &SandboxConfig,
+        sandbox_id: &str,
+        c: &Container,
+        attempt: u32,
+        remove: Vec<String>,
+        reset_backoff: bool,
+    ) -> Wake {
+        if attempt > 0 && !self.backoffs.failure.contains_key(&c.name) {
+            let now = Instant::now();
+            let seeded = (!reset_backoff)
+                .then(|| plan::seeded_backoff(attempt - 1, now))
+                .flatten();
+            let prev = self.backoffs.restart.get(&c.name).or(seeded.as_ref());
+            let next = plan::next_backoff(prev, now);
+            self.backoffs.restart.insert(c.name.clone(), next);
+        }
+        for id in remove {
+            let _ = self.runtime.remove_container(&id).await;
+        }
+        let wake = self.start(pod, sb, sandbox_id, c, attempt).await;
+        self.acted();
+        wake
     }
 
     async fn crash_loop(&mut self, pod: &Pod, c: &Container, delay: Duration) {

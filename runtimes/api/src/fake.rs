@@ -35,6 +35,9 @@ struct FakeState {
     pub calls: Vec<String>,
     /// How many sandbox removals still fail (a refused CNI DEL, say).
     failing_sandbox_removals: usize,
+    /// How many container starts are still refused (containerd's "task
+    /// already exists" after it restarted mid-start, say).
+    refused_starts: usize,
     /// Container times follow tokio's (pausable) clock from this base.
     tokio_clock: Option<(i64, tokio::time::Instant)>,
 }
@@ -87,6 +90,7 @@ impl FakeRuntime {
                 exec_exits: BTreeMap::new(),
                 calls: Vec::new(),
                 failing_sandbox_removals: 0,
+                refused_starts: 0,
                 tokio_clock: None,
             }),
             status_calls: AtomicUsize::new(0),
@@ -151,6 +155,21 @@ impl FakeRuntime {
     pub fn pin_image(&self, name: &str) {
         if let Some(i) = self.lock().images.get_mut(name) {
             i.pinned = true;
+        }
+    }
+
+    /// Refuses the next `n` container starts (the container stays created).
+    pub fn refuse_starts(&self, n: usize) {
+        self.lock().refused_starts = n;
+    }
+
+    /// Puts the containers named `name` in `state`, as a runtime that lost
+    /// track of them (containerd restarted under a start) reports them.
+    pub fn set_state(&self, name: &str, state: ContainerState) {
+        for c in self.lock().containers.values_mut() {
+            if c.name == name {
+                c.state = state;
+            }
         }
     }
 
@@ -331,6 +350,11 @@ impl Runtime for FakeRuntime {
     fn start_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
             let mut s = self.lock();
+            if s.refused_starts > 0 {
+                s.refused_starts -= 1;
+                s.calls.push(format!("refused start {id}"));
+                return Err(RuntimeError::Other(format!("task {id}: already exists")));
+            }
             let exits = s.exits.clone();
             let now = s.wall_nanos();
             let c = s

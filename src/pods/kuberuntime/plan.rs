@@ -108,6 +108,14 @@ pub enum Step {
     Keep,
     /// Created but not started (a crash between the two): start it.
     StartCreated(String),
+    /// Its state unknown (the runtime restarted under it): kill it, as
+    /// upstream does, so two instances never run, then start `attempt`
+    /// after removing it and the older attempts.
+    Replace {
+        unknown: String,
+        attempt: u32,
+        remove: Vec<String>,
+    },
     /// Create and start this attempt, after removing older attempts (the
     /// previous one stays, for `lastState`).
     Start { attempt: u32, remove: Vec<String> },
@@ -259,8 +267,22 @@ fn container_step(
     };
     match latest.state {
         ContainerState::Running => (mk(Step::Keep, false), false),
-        ContainerState::Created | ContainerState::Unknown => {
-            (mk(Step::StartCreated(latest.id.clone()), false), false)
+        // A start that just failed left it created: ask again after the
+        // back-off, not at the next relist.
+        ContainerState::Created => match failed {
+            Some(left) => (mk(Step::RetryLater { left }, false), false),
+            None => (mk(Step::StartCreated(latest.id.clone()), false), false),
+        },
+        ContainerState::Unknown => {
+            if let Some(left) = failed {
+                return (mk(Step::RetryLater { left }, false), false);
+            }
+            let step = Step::Replace {
+                unknown: latest.id.clone(),
+                attempt: latest.attempt + 1,
+                remove: tries.iter().skip(1).map(|o| o.id.clone()).collect(),
+            };
+            (mk(step, false), false)
         }
         ContainerState::Exited if !should_restart(c, policy, latest.exit_code) => {
             (mk(Step::Keep, false), latest.exit_code == 0)
@@ -656,5 +678,29 @@ mod tests {
             steps(&p, &[c], &Backoffs::default(), 0, now),
             [("a".into(), Step::StartCreated("a-0".into()))]
         );
+    }
+
+    #[test]
+    fn a_container_in_unknown_state_is_killed_and_replaced() {
+        let now = Instant::now();
+        let p = pod("Always", &[], &["a"]);
+        let old = ctr("a", 0, ContainerState::Exited, 1, 0);
+        let lost = ctr("a", 1, ContainerState::Unknown, 0, 0);
+        let want = Step::Replace {
+            unknown: "a-1".into(),
+            attempt: 2,
+            remove: vec!["a-0".into()],
+        };
+        let b = Backoffs::default();
+        assert_eq!(
+            steps(&p, &[lost.clone(), old.clone()], &b, 0, now),
+            [("a".into(), want)]
+        );
+        let mut b = Backoffs::default();
+        b.failure.insert("a".into(), create_retry(now));
+        assert!(matches!(
+            &steps(&p, &[lost, old], &b, 0, now)[0].1,
+            Step::RetryLater { .. }
+        ));
     }
 }
