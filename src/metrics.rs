@@ -73,8 +73,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new(node: &str) -> Self {
-        let mut registry = Registry::default();
-        let probes = Family::<ProbeLabels, Counter>::default();
         // Upstream's buckets: pod start in seconds up to 20 minutes, PLEG
         // relists from 5 ms.
         let pod_start = Histogram::new([
@@ -84,85 +82,86 @@ impl Metrics {
         let pleg_relist = Histogram::new([
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
         ]);
-        let running_pods = Gauge::default();
-        let running_containers = Family::<StateLabels, Gauge>::default();
-        let node_name = Family::<NodeLabels, Gauge>::default();
-        node_name
-            .get_or_create(&NodeLabels { node: node.into() })
-            .set(1);
-        registry.register(
-            "prober_probe",
-            "Cumulative number of a liveness, readiness or startup probe for a container by result",
-            probes.clone(),
-        );
-        registry.register(
-            "kubelet_pod_start_duration_seconds",
-            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
-            pod_start.clone(),
-        );
-        registry.register(
-            "kubelet_pleg_relist_duration_seconds",
-            "Duration in seconds for relisting pods in PLEG",
-            pleg_relist.clone(),
-        );
-        registry.register(
-            "kubelet_running_pods",
-            "Number of pods that have a running pod sandbox",
-            running_pods.clone(),
-        );
-        registry.register(
-            "kubelet_running_containers",
-            "Number of containers currently running",
-            running_containers.clone(),
-        );
-        registry.register(
-            "kubelet_node_name",
-            "The node's name. The count is always 1",
-            node_name.clone(),
-        );
-        let evictions = Family::<SignalLabels, Counter>::default();
-        registry.register(
-            "kubelet_evictions",
-            "Cumulative number of pod evictions by eviction signal",
-            evictions.clone(),
-        );
-        let [client_ttl, server_ttl] = [Gauge::default(), Gauge::default()];
-        let [client_renew_errors, server_renew_errors] = [Counter::default(), Counter::default()];
-        registry.register(
-            "kubelet_certificate_manager_client_ttl_seconds",
-            "Gauge of the TTL (time-to-live) of the Kubelet's client certificate",
-            client_ttl.clone(),
-        );
-        registry.register(
-            "kubelet_certificate_manager_server_ttl_seconds",
-            "Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate",
-            server_ttl.clone(),
-        );
-        registry.register(
-            "kubelet_certificate_manager_client_expiration_renew_errors",
-            "Counter of certificate renewal errors",
-            client_renew_errors.clone(),
-        );
-        registry.register(
-            "kubelet_server_expiration_renew_errors",
-            "Counter of certificate renewal errors",
-            server_renew_errors.clone(),
-        );
-        Metrics {
-            registry,
-            evictions,
-            client_ttl,
-            server_ttl,
-            client_renew_errors,
-            server_renew_errors,
-            probes,
+        let m = Metrics {
+            registry: Registry::default(),
+            evictions: Family::default(),
+            client_ttl: Gauge::default(),
+            server_ttl: Gauge::default(),
+            client_renew_errors: Counter::default(),
+            server_renew_errors: Counter::default(),
+            probes: Family::default(),
             pod_start,
             pleg_relist,
-            running_pods,
-            running_containers,
-            node_name,
+            running_pods: Gauge::default(),
+            running_containers: Family::default(),
+            node_name: Family::default(),
             encode: Mutex::new(()),
-        }
+        };
+        m.node_name
+            .get_or_create(&NodeLabels { node: node.into() })
+            .set(1);
+        m.registered()
+    }
+
+    /// Registers every metric under upstream's name and help.
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "prober_probe",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result",
+            self.probes.clone(),
+        );
+        r.register(
+            "kubelet_pod_start_duration_seconds",
+            "Duration in seconds from kubelet seeing a pod for the first time to the pod starting to run",
+            self.pod_start.clone(),
+        );
+        r.register(
+            "kubelet_pleg_relist_duration_seconds",
+            "Duration in seconds for relisting pods in PLEG",
+            self.pleg_relist.clone(),
+        );
+        r.register(
+            "kubelet_running_pods",
+            "Number of pods that have a running pod sandbox",
+            self.running_pods.clone(),
+        );
+        r.register(
+            "kubelet_running_containers",
+            "Number of containers currently running",
+            self.running_containers.clone(),
+        );
+        r.register(
+            "kubelet_node_name",
+            "The node's name. The count is always 1",
+            self.node_name.clone(),
+        );
+        r.register(
+            "kubelet_evictions",
+            "Cumulative number of pod evictions by eviction signal",
+            self.evictions.clone(),
+        );
+        r.register(
+            "kubelet_certificate_manager_client_ttl_seconds",
+            "Gauge of the TTL (time-to-live) of the Kubelet's client certificate",
+            self.client_ttl.clone(),
+        );
+        r.register(
+            "kubelet_certificate_manager_server_ttl_seconds",
+            "Gauge of the shortest TTL (time-to-live) of the Kubelet's serving certificate",
+            self.server_ttl.clone(),
+        );
+        r.register(
+            "kubelet_certificate_manager_client_expiration_renew_errors",
+            "Counter of certificate renewal errors",
+            self.client_renew_errors.clone(),
+        );
+        r.register(
+            "kubelet_server_expiration_renew_errors",
+            "Counter of certificate renewal errors",
+            self.server_renew_errors.clone(),
+        );
+        self
     }
 
     /// A certificate's time left, in seconds.

@@ -242,45 +242,8 @@ impl Flags {
         hostname: impl FnOnce() -> String,
         warn: &mut dyn FnMut(String),
     ) -> Result<Settings, ConfigError> {
-        let mut config = match &self.config {
-            Some(path) => super::load_file(path, &mut *warn)?,
-            None => KubeletConfiguration::default(),
-        };
-        if let Some(p) = &self.pod_manifest_path {
-            config.static_pod_path = p.clone();
-        }
-        if let Some(e) = &self.container_runtime_endpoint {
-            config.container_runtime_endpoint = e.clone();
-        }
-        if let Some(v) = self.verbosity {
-            config.logging.verbosity = v;
-        }
-        if let Some(f) = self.logging_format {
-            config.logging.format = match f {
-                LogFormat::Text => "text".into(),
-                LogFormat::Json => "json".into(),
-            };
-        }
-        if !self.register_with_taints.is_empty() {
-            config.register_with_taints = self
-                .register_with_taints
-                .iter()
-                .map(|t| Taint::parse(t).map_err(|e| field_err("--register-with-taints", e)))
-                .collect::<Result<_, _>>()?;
-        }
-        config.validate()?;
-
-        let mut node_labels = BTreeMap::new();
-        for l in &self.node_labels {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| field_err("--node-labels", format!("{l:?} must be key=value")))?;
-            validate_qualified_name(k)
-                .and_then(|_| validate_label_value(v))
-                .map_err(|e| field_err("--node-labels", format!("{l:?}: {e}")))?;
-            node_labels.insert(k.to_string(), v.to_string());
-        }
-
+        let config = self.config_with_flags(warn)?;
+        let node_labels = self.node_labels()?;
         let node_name = match &self.hostname_override {
             Some(n) => n.trim().to_lowercase(),
             None => hostname().trim().to_lowercase(),
@@ -325,6 +288,57 @@ impl Flags {
                 .unwrap_or_else(|| self.root_dir.join("images/import")),
             image_limits: self.image_limits(reserve)?,
         })
+    }
+
+    /// The config file (if any) with the flags that override its fields,
+    /// validated.
+    fn config_with_flags(
+        &self,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<KubeletConfiguration, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => super::load_file(path, &mut *warn)?,
+            None => KubeletConfiguration::default(),
+        };
+        if let Some(p) = &self.pod_manifest_path {
+            config.static_pod_path = p.clone();
+        }
+        if let Some(e) = &self.container_runtime_endpoint {
+            config.container_runtime_endpoint = e.clone();
+        }
+        if let Some(v) = self.verbosity {
+            config.logging.verbosity = v;
+        }
+        if let Some(f) = self.logging_format {
+            config.logging.format = match f {
+                LogFormat::Text => "text".into(),
+                LogFormat::Json => "json".into(),
+            };
+        }
+        if !self.register_with_taints.is_empty() {
+            config.register_with_taints = self
+                .register_with_taints
+                .iter()
+                .map(|t| Taint::parse(t).map_err(|e| field_err("--register-with-taints", e)))
+                .collect::<Result<_, _>>()?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// `--node-labels`, each a valid `key=value`.
+    fn node_labels(&self) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut node_labels = BTreeMap::new();
+        for l in &self.node_labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| field_err("--node-labels", format!("{l:?} must be key=value")))?;
+            validate_qualified_name(k)
+                .and_then(|_| validate_label_value(v))
+                .map_err(|e| field_err("--node-labels", format!("{l:?}: {e}")))?;
+            node_labels.insert(k.to_string(), v.to_string());
+        }
+        Ok(node_labels)
     }
 
     /// The layer limits the flags set, keeping `reserve_percent` of the

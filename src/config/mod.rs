@@ -33,11 +33,35 @@ pub enum ConfigError {
     Field { field: String, message: String },
 }
 
-fn field_err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+fn field_err(field: impl Into<String>, message: impl std::fmt::Display) -> ConfigError {
     ConfigError::Field {
         field: field.into(),
-        message: message.into(),
+        message: message.to_string(),
     }
+}
+
+/// A label key or value, or a taint, that Kubernetes would refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("prefix {0:?} must be a DNS subdomain")]
+    Prefix(String),
+    #[error("name part must not be empty")]
+    EmptyName,
+    #[error(
+        "must be at most 63 characters, alphanumerics and '-', '_', '.' starting and ending with an alphanumeric"
+    )]
+    LabelValue,
+    #[error("taint {0:?} must be key[=value]:Effect")]
+    TaintSyntax(String),
+    #[error("taint key {key:?}: {source}")]
+    TaintKey { key: String, source: Box<NameError> },
+    #[error("taint value {value:?}: {source}")]
+    TaintValue {
+        value: String,
+        source: Box<NameError>,
+    },
+    #[error("taint effect {0:?} must be one of {effects}", effects = TAINT_EFFECTS.join(", "))]
+    TaintEffect(String),
 }
 
 /// The eviction signals the upstream kubelet accepts.
@@ -339,10 +363,10 @@ const TAINT_EFFECTS: &[&str] = &["NoSchedule", "PreferNoSchedule", "NoExecute"];
 
 impl Taint {
     /// Parses `key[=value]:Effect`, the `--register-with-taints` syntax.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, NameError> {
         let (kv, effect) = s
             .rsplit_once(':')
-            .ok_or_else(|| format!("taint {s:?} must be key[=value]:Effect"))?;
+            .ok_or_else(|| NameError::TaintSyntax(s.into()))?;
         let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
         let t = Taint {
             key: key.into(),
@@ -353,18 +377,19 @@ impl Taint {
         Ok(t)
     }
 
-    fn validate(&self) -> Result<(), String> {
-        validate_qualified_name(&self.key).map_err(|e| format!("taint key {:?}: {e}", self.key))?;
+    fn validate(&self) -> Result<(), NameError> {
+        validate_qualified_name(&self.key).map_err(|e| NameError::TaintKey {
+            key: self.key.clone(),
+            source: Box::new(e),
+        })?;
         if !self.value.is_empty() {
-            validate_label_value(&self.value)
-                .map_err(|e| format!("taint value {:?}: {e}", self.value))?;
+            validate_label_value(&self.value).map_err(|e| NameError::TaintValue {
+                value: self.value.clone(),
+                source: Box::new(e),
+            })?;
         }
         if !TAINT_EFFECTS.contains(&self.effect.as_str()) {
-            return Err(format!(
-                "taint effect {:?} must be one of {}",
-                self.effect,
-                TAINT_EFFECTS.join(", ")
-            ));
+            return Err(NameError::TaintEffect(self.effect.clone()));
         }
         Ok(())
     }
@@ -372,7 +397,7 @@ impl Taint {
 
 /// Checks a label or annotation key: `[prefix/]name`, prefix a DNS subdomain,
 /// name at most 63 characters of alphanumerics, `-`, `_`, `.`.
-pub fn validate_qualified_name(key: &str) -> Result<(), String> {
+pub fn validate_qualified_name(key: &str) -> Result<(), NameError> {
     let (prefix, name) = match key.rsplit_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -389,18 +414,18 @@ pub fn validate_qualified_name(key: &str) -> Result<(), String> {
                     && !l.ends_with('-')
             });
         if !ok {
-            return Err(format!("prefix {p:?} must be a DNS subdomain"));
+            return Err(NameError::Prefix(p.into()));
         }
     }
     if name.is_empty() {
-        return Err("name part must not be empty".into());
+        return Err(NameError::EmptyName);
     }
     validate_label_value(name)
 }
 
 /// Checks a label value: at most 63 characters, alphanumerics with `-`, `_`,
 /// `.` inside.
-pub fn validate_label_value(v: &str) -> Result<(), String> {
+pub fn validate_label_value(v: &str) -> Result<(), NameError> {
     let ok = v.len() <= 63
         && v.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -409,7 +434,7 @@ pub fn validate_label_value(v: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err("must be at most 63 characters, alphanumerics and '-', '_', '.' starting and ending with an alphanumeric".into())
+        Err(NameError::LabelValue)
     }
 }
 

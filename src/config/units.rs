@@ -17,15 +17,30 @@ impl GoDuration {
     }
 }
 
+/// A duration, quantity or percentage that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    #[error("invalid duration {0:?} (want e.g. \"10s\", \"1m30s\")")]
+    Duration(String),
+    #[error("negative duration {0:?}")]
+    NegativeDuration(String),
+    #[error("invalid quantity {0:?} (want e.g. \"100Mi\", \"1G\", \"500\")")]
+    Quantity(String),
+    #[error("invalid percentage {0:?}")]
+    Percentage(String),
+    #[error("percentage {0:?} must be between 0% and 100%")]
+    PercentageRange(String),
+}
+
 /// Parses a Go duration: an optional sign, then one or more `<number><unit>`
 /// with units `ns`, `us`, `µs`, `ms`, `s`, `m`, `h`; `0` alone is allowed.
 /// Negative durations are refused: no kinglet setting means anything by them.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?} (want e.g. \"10s\", \"1m30s\")");
+pub fn parse_go_duration(s: &str) -> Result<Duration, UnitError> {
+    let bad = || UnitError::Duration(s.into());
     let t = s.trim();
     let t = t.strip_prefix('+').unwrap_or(t);
     if t.starts_with('-') {
-        return Err(format!("negative duration {s:?}"));
+        return Err(UnitError::NegativeDuration(s.into()));
     }
     if t == "0" {
         return Ok(Duration::ZERO);
@@ -118,13 +133,13 @@ impl Serialize for GoDuration {
 
 /// Parses a Kubernetes resource quantity to its value in base units, rounded
 /// up to a whole unit (as the kubelet does for bytes and counts).
-pub fn parse_quantity(s: &str) -> Result<u64, String> {
+pub fn parse_quantity(s: &str) -> Result<u64, UnitError> {
     let milli = parse_quantity_milli(s)?;
     u64::try_from(milli.div_ceil(1000)).map_err(|_| quantity_error(s))
 }
 
-fn quantity_error(s: &str) -> String {
-    format!("invalid quantity {s:?} (want e.g. \"100Mi\", \"1G\", \"500\")")
+fn quantity_error(s: &str) -> UnitError {
+    UnitError::Quantity(s.into())
 }
 
 /// Parses a Kubernetes resource quantity to its value in thousandths of the
@@ -132,7 +147,7 @@ fn quantity_error(s: &str) -> String {
 /// digits are read as integers, the one quantity parser of kinglet (config
 /// values, pod resources, node status). Sub-milli parts round up, as
 /// upstream's `MilliValue`.
-pub fn parse_quantity_milli(s: &str) -> Result<u128, String> {
+pub fn parse_quantity_milli(s: &str) -> Result<u128, UnitError> {
     let bad = || quantity_error(s);
     let t = s.trim();
     let t = t.strip_prefix('+').unwrap_or(t);
@@ -199,11 +214,11 @@ pub enum ThresholdValue {
 }
 
 impl ThresholdValue {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, UnitError> {
         if let Some(p) = s.trim().strip_suffix('%') {
-            let v: f64 = p.parse().map_err(|_| format!("invalid percentage {s:?}"))?;
+            let v: f64 = p.parse().map_err(|_| UnitError::Percentage(s.into()))?;
             if !(0.0..=100.0).contains(&v) {
-                return Err(format!("percentage {s:?} must be between 0% and 100%"));
+                return Err(UnitError::PercentageRange(s.into()));
             }
             return Ok(ThresholdValue::Percent(v / 100.0));
         }

@@ -28,6 +28,9 @@ pub mod signals;
 pub mod storage;
 pub mod thresholds;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};

@@ -225,6 +225,24 @@ mod tests {
         seen.iter().map(|(m, ..)| m.as_str()).collect()
     }
 
+    /// A failed renewal, then reads of the lease from 200 ms apart,
+    /// doubling (up to +50% jitter) to at most 7 s.
+    fn retries_back_off(tries: &[(String, String, Instant, Value)]) {
+        assert_eq!(methods(&tries[..1]), ["PUT"]);
+        assert!(tries[1..].iter().all(|(m, ..)| m == "GET"));
+        // The first wait may include the offline file's blocking write;
+        // the rest are the back-off's alone.
+        for (i, pair) in tries.windows(2).enumerate().skip(1) {
+            let gap = pair[1].2 - pair[0].2;
+            let base = Duration::from_millis(200 * (1 << i)).min(Duration::from_secs(7));
+            let most = base.mul_f64(1.5).min(Duration::from_secs(7));
+            assert!(
+                gap >= base && gap <= most,
+                "wait {i}: {gap:?}, not in {base:?}..{most:?}"
+            );
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn renews_every_quarter_backs_off_while_failing_and_comes_back() {
         let api = Arc::new(Mutex::new(FakeApi::default()));
@@ -283,23 +301,7 @@ mod tests {
         })
         .await;
         assert!(link.offline_since().is_some(), "not offline while failing");
-        {
-            let a = api.lock().unwrap();
-            let tries = &a.seen[failed_from..failed_from + 8];
-            assert_eq!(methods(&a.seen[failed_from..failed_from + 1]), ["PUT"]);
-            assert!(tries[1..].iter().all(|(m, ..)| m == "GET"));
-            // The first wait may include the offline file's blocking
-            // write; the rest are the back-off's alone.
-            for (i, pair) in tries.windows(2).enumerate().skip(1) {
-                let gap = pair[1].2 - pair[0].2;
-                let base = Duration::from_millis(200 * (1 << i)).min(Duration::from_secs(7));
-                let most = base.mul_f64(1.5).min(Duration::from_secs(7));
-                assert!(
-                    gap >= base && gap <= most,
-                    "wait {i}: {gap:?}, not in {base:?}..{most:?}"
-                );
-            }
-        }
+        retries_back_off(&api.lock().unwrap().seen[failed_from..failed_from + 8]);
 
         // Back: the next try reads the lease, replaces it, and the link is
         // online again; then the period is 10 s again.

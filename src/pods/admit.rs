@@ -164,9 +164,9 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
     if let Some(p) = &node.pressure {
         admit_under_pressure(pod, &p.conditions())?;
     }
-    node.sysctls.admit(pod).map_err(|message| Rejection {
+    node.sysctls.admit(pod).map_err(|e| Rejection {
         reason: "SysctlForbidden".into(),
-        message,
+        message: e.to_string(),
     })?;
     os_ok(pod)?;
     if !affinity_ok(pod, &node.labels.0.borrow()) {

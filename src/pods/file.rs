@@ -13,11 +13,42 @@ use tracing::{info, warn};
 
 use super::{SourceUpdate, validate};
 
+/// Why a manifest was skipped; each names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: a pod manifest must be at most {} bytes", path.display(), validate::MAX_MANIFEST_BYTES)]
+    TooLarge { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Yaml {
+        path: PathBuf,
+        source: Box<serde_saphyr::Error>,
+    },
+    #[error("{}: not a valid Pod: {source}", path.display())]
+    NotAPod {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{}: metadata.name is required", path.display())]
+    NoName { path: PathBuf },
+    #[error("{}: spec: Required value", path.display())]
+    NoSpec { path: PathBuf },
+    #[error("{}: {errors}", path.display())]
+    Invalid {
+        path: PathBuf,
+        errors: validate::Errors,
+    },
+}
+
 /// Reads one manifest and makes it this node's static pod: name suffixed
 /// with the node name, UID derived from content and node (stable across
 /// restarts), `kubernetes.io/config.*` annotations as upstream sets them.
-pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, ManifestError> {
+    let path_buf = || path.to_path_buf();
     // Read at most one byte past the bound: a huge file costs nothing.
     let mut text = Vec::new();
     std::fs::File::open(path)
@@ -27,27 +58,32 @@ pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
                 &mut text,
             )
         })
-        .map_err(|e| err(&e))?;
+        .map_err(|source| ManifestError::Read {
+            path: path_buf(),
+            source,
+        })?;
     if text.len() as u64 > validate::MAX_MANIFEST_BYTES {
-        return Err(err(&format!(
-            "a pod manifest must be at most {} bytes",
-            validate::MAX_MANIFEST_BYTES
-        )));
+        return Err(ManifestError::TooLarge { path: path_buf() });
     }
     let v: serde_json::Value =
-        serde_saphyr::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut pod: Pod = serde_json::from_value(v)
-        .map_err(|e| format!("{}: not a valid Pod: {e}", path.display()))?;
+        serde_saphyr::from_slice(&text).map_err(|e| ManifestError::Yaml {
+            path: path_buf(),
+            source: Box::new(e),
+        })?;
+    let mut pod: Pod = serde_json::from_value(v).map_err(|source| ManifestError::NotAPod {
+        path: path_buf(),
+        source,
+    })?;
     let name = pod
         .metadata
         .name
         .clone()
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| format!("{}: metadata.name is required", path.display()))?;
+        .ok_or_else(|| ManifestError::NoName { path: path_buf() })?;
     let spec = pod
         .spec
         .as_mut()
-        .ok_or_else(|| format!("{}: spec: Required value", path.display()))?;
+        .ok_or_else(|| ManifestError::NoSpec { path: path_buf() })?;
     spec.node_name = Some(node_name.into());
     let mut h = sha2::Sha256::new();
     h.update(&text);
@@ -70,7 +106,10 @@ pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, String> {
     let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     ann.insert("kubernetes.io/config.source".into(), "file".into());
     ann.insert("kubernetes.io/config.hash".into(), uid);
-    validate::pod(&pod).map_err(|e| err(&e))?;
+    validate::pod(&pod).map_err(|errors| ManifestError::Invalid {
+        path: path_buf(),
+        errors,
+    })?;
     Ok(pod)
 }
 
@@ -218,7 +257,7 @@ mod tests {
             ),
         ] {
             std::fs::write(&f, body).unwrap();
-            let e = load_manifest(&f, "pi").unwrap_err();
+            let e = load_manifest(&f, "pi").unwrap_err().to_string();
             assert!(e.contains(want) && e.contains("web.yaml"), "{e}");
         }
         std::fs::write(d.path().join("ok.json"), r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"j"},"spec":{"containers":[{"name":"c","image":"i"}]}}"#).unwrap();
@@ -237,7 +276,7 @@ mod tests {
         let big = d.path().join("big.yaml");
         let f = std::fs::File::create(&big).unwrap();
         f.set_len(validate::MAX_MANIFEST_BYTES + 1).unwrap();
-        let e = load_manifest(&big, "pi").unwrap_err();
+        let e = load_manifest(&big, "pi").unwrap_err().to_string();
         assert!(e.contains("must be at most"), "{e}");
     }
 }

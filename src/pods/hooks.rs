@@ -21,8 +21,27 @@ fn go_list(cmd: &[String]) -> String {
     format!("[{}]", cmd.join(" "))
 }
 
-/// Runs one handler for container `c` (ID `id`) of `pod`; `Err` is
-/// upstream's message for the event.
+/// Why a hook failed; its message is upstream's, for the event.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("Exec lifecycle hook ({}) {who} failed - error: {error}, message: {output:?}", go_list(.cmd))]
+    Exec {
+        cmd: Vec<String>,
+        who: String,
+        error: String,
+        output: String,
+    },
+    #[error("HTTP lifecycle hook ({path}) {who} failed - error: {source}")]
+    Http {
+        path: String,
+        who: String,
+        source: handlers::ProbeError,
+    },
+    #[error("Cannot run handler: invalid handler: no exec, httpGet or sleep")]
+    NoHandler,
+}
+
+/// Runs one handler for container `c` (ID `id`) of `pod`.
 pub async fn run(
     rt: &dyn Runtime,
     pod: &Pod,
@@ -30,7 +49,7 @@ pub async fn run(
     id: &str,
     h: &LifecycleHandler,
     pod_ip: &str,
-) -> Result<(), String> {
+) -> Result<(), HookError> {
     let who = format!("for Container {:?} in Pod {:?}", c.name, format_pod(pod));
     if let Some(e) = &h.exec {
         let cmd = e.command.clone().unwrap_or_default();
@@ -50,14 +69,20 @@ pub async fn run(
             }
             Err(e) => (e.to_string(), String::new()),
         };
-        return Err(format!(
-            "Exec lifecycle hook ({}) {who} failed - error: {err}, message: {output:?}",
-            go_list(&cmd)
-        ));
+        return Err(HookError::Exec {
+            cmd,
+            who,
+            error: err,
+            output,
+        });
     }
     if let Some(g) = &h.http_get {
         let path = g.path.clone().unwrap_or_default();
-        let fail = |e: String| format!("HTTP lifecycle hook ({path}) {who} failed - error: {e}");
+        let fail = |source| HookError::Http {
+            path: path.clone(),
+            who: who.clone(),
+            source,
+        };
         let target = prober::http_target(g, c, pod_ip).map_err(fail)?;
         // Any answer will do: only a failure to get one fails the hook.
         return handlers::http_status(&target, HTTP_HOOK_LIMIT, handlers::HOOK_USER_AGENT)
@@ -69,7 +94,7 @@ pub async fn run(
         tokio::time::sleep(Duration::from_secs(s.seconds.max(0) as u64)).await;
         return Ok(());
     }
-    Err("Cannot run handler: invalid handler: no exec, httpGet or sleep".into())
+    Err(HookError::NoHandler)
 }
 
 #[cfg(test)]
@@ -93,13 +118,16 @@ mod tests {
             ..Default::default()
         };
         let h = handler("exec: {command: [sh, -c, 'exit 1']}");
-        let err = run(&rt, &pod, &c, "c1", &h, "").await.unwrap_err();
+        let err = run(&rt, &pod, &c, "c1", &h, "")
+            .await
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             "Exec lifecycle hook ([sh -c exit 1]) for Container \"app\" in Pod \"web_ns(u1)\" failed - error: command 'sh -c exit 1' exited with 1: , message: \"exit 1\\n\""
         );
         rt.set_exec_exit("c1", 0);
-        assert_eq!(run(&rt, &pod, &c, "c1", &h, "").await, Ok(()));
+        assert!(run(&rt, &pod, &c, "c1", &h, "").await.is_ok());
     }
 
     #[tokio::test]
@@ -111,7 +139,10 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         drop(l);
         let h = handler(&format!("httpGet: {{path: /hook, port: {port}}}"));
-        let err = run(&rt, &pod, &c, "c1", &h, "127.0.0.1").await.unwrap_err();
+        let err = run(&rt, &pod, &c, "c1", &h, "127.0.0.1")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with("HTTP lifecycle hook (/hook) for Container"),
             "{err}"

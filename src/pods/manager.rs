@@ -33,6 +33,13 @@ use crate::pods::worker::NodeContext;
 pub struct PodKiller(mpsc::Sender<(String, KillRequest)>);
 
 impl PodKiller {
+    /// A killer whose requests the test reads from the receiver.
+    #[cfg(test)]
+    pub fn for_test() -> (PodKiller, mpsc::Receiver<(String, KillRequest)>) {
+        let (tx, rx) = mpsc::channel(8);
+        (PodKiller(tx), rx)
+    }
+
     pub async fn kill(&self, uid: &str, k: KillRequest) {
         let _ = self.0.send((uid.to_string(), k)).await;
     }

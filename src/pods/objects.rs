@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Client;
 use kube::api::Api;
 
-use super::util::{self, ConfigError, ObjectKind, ObjectSource};
+use super::util::{self, ConfigError, ObjectError, ObjectKind, ObjectSource};
 
 /// Fetches the ConfigMaps and Secrets `c`'s environment reads. Without an
 /// API server nothing can be found: optional references are skipped by
@@ -19,7 +19,7 @@ pub async fn env_objects(
     source: Option<&dyn ObjectSource>,
     pod: &Pod,
     c: &Container,
-) -> Result<EnvObjects, String> {
+) -> Result<EnvObjects, ObjectError> {
     let mut out = EnvObjects::default();
     let refs = EnvObjects::refs(c);
     if refs.is_empty() {
@@ -71,9 +71,9 @@ pub async fn kept_env(
     store: Option<std::sync::Arc<crate::store::LocalStore>>,
     pod_uid: &str,
     container: &str,
-    read: Result<EnvObjects, String>,
+    read: Result<EnvObjects, ObjectError>,
     kept: Option<EnvObjects>,
-) -> Result<EnvObjects, String> {
+) -> Result<EnvObjects, ObjectError> {
     let Some(store) = store else {
         return read;
     };
@@ -113,11 +113,16 @@ impl ObjectSource for ApiObjects {
         kind: ObjectKind,
         namespace: &'a str,
         name: &'a str,
-    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>> {
+    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, ObjectError>> {
         use k8s_openapi::api::core::v1::{ConfigMap, Secret};
         Box::pin(async move {
             // Upstream's message for an object it could not read.
-            let failed = |e: kube::Error| format!("couldn't get {kind:?} {namespace}/{name}: {e}");
+            let failed = |e: kube::Error| ObjectError::Get {
+                kind,
+                namespace: namespace.into(),
+                name: name.into(),
+                cause: e.to_string(),
+            };
             match kind {
                 ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(self.0.clone(), namespace)
                     .get_opt(name)
@@ -201,7 +206,7 @@ enum Known {
     /// The first list has not answered yet.
     Pending,
     Found(Option<Object>),
-    Failed(String),
+    Failed(ObjectError),
 }
 
 struct Slot {
@@ -314,7 +319,7 @@ impl ObjectCache {
 impl Subscription {
     /// The object as last seen (`None`: it does not exist), waiting up to
     /// `timeout` for the first answer.
-    pub async fn get(&self, timeout: std::time::Duration) -> Result<Option<Object>, String> {
+    pub async fn get(&self, timeout: std::time::Duration) -> Result<Option<Object>, ObjectError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let changed = self.slot.changed.notified();
@@ -325,10 +330,11 @@ impl Subscription {
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
                 let (kind, ns, name) = &self.key;
-                return Err(format!(
-                    "failed to sync {} cache: timed out waiting for the condition ({ns}/{name})",
-                    kind.lower()
-                ));
+                return Err(ObjectError::SyncTimeout {
+                    kind: *kind,
+                    namespace: ns.clone(),
+                    name: name.clone(),
+                });
             }
         }
     }
@@ -391,7 +397,9 @@ where
             Ok(watcher::Event::Delete(_)) => slot.set(Known::Found(None)),
             // Retried with back-off; a first answer that never came is an
             // error to report, a later one keeps the last known object.
-            Err(e) if slot.state() == Known::Pending => slot.set(Known::Failed(e.to_string())),
+            Err(e) if slot.state() == Known::Pending => {
+                slot.set(Known::Failed(ObjectError::Watch(e.to_string())))
+            }
             Err(_) => {}
         }
         // An immutable object never changes: no need to go on watching.

@@ -16,6 +16,8 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
+use crate::pods::util::ObjectError;
+
 /// The namespace and name of the API server's Service, as upstream's
 /// `masterServiceNamespace` and master services.
 const MASTER_NAMESPACE: &str = "default";
@@ -65,7 +67,7 @@ impl Services {
     /// The service variables of a container of `pod`, in upstream's
     /// order; an error while the Services were never listed, as upstream
     /// refuses to build a container's environment then.
-    pub async fn env(&self, pod: &Pod) -> Result<Vec<(String, String)>, String> {
+    pub async fn env(&self, pod: &Pod) -> Result<Vec<(String, String)>, ObjectError> {
         let mut failing = self.failing.clone();
         let first_list = async {
             tokio::select! {
@@ -79,9 +81,7 @@ impl Services {
             Ok(true)
         );
         if !listed {
-            return Err(
-                "services have not yet been read at least once, cannot construct envvars".into(),
-            );
+            return Err(ObjectError::ServicesNotListed);
         }
         let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
         let links = pod

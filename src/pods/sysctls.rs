@@ -102,6 +102,25 @@ fn kernel_version() -> (u32, u32) {
     (next(), next())
 }
 
+/// A sysctl refused, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SysctlError {
+    #[error("sysctl {0:?} may only end in \"*\"")]
+    BadPattern(String),
+    #[error("the sysctls {0:?} are not known to be namespaced")]
+    NotNamespaced(String),
+    #[error("{0:?} not allowlisted")]
+    NotAllowed(String),
+    #[error("{sysctl:?} not allowed with host {namespace} enabled")]
+    HostNamespace {
+        sysctl: String,
+        namespace: &'static str,
+    },
+    /// A pod's sysctl refused at admission.
+    #[error("forbidden sysctl: {0}")]
+    Forbidden(Box<SysctlError>),
+}
+
 impl Default for Allowlist {
     fn default() -> Self {
         Self::new(&[]).unwrap_or_else(|_| Allowlist {
@@ -114,11 +133,11 @@ impl Default for Allowlist {
 impl Allowlist {
     /// The safe set on this kernel plus `unsafe_allowed`; `Err` names the
     /// pattern that cannot be allowed (as upstream refuses to start).
-    pub fn new(unsafe_allowed: &[String]) -> Result<Self, String> {
+    pub fn new(unsafe_allowed: &[String]) -> Result<Self, SysctlError> {
         Self::with_kernel(unsafe_allowed, kernel_version())
     }
 
-    fn with_kernel(unsafe_allowed: &[String], kernel: (u32, u32)) -> Result<Self, String> {
+    fn with_kernel(unsafe_allowed: &[String], kernel: (u32, u32)) -> Result<Self, SysctlError> {
         let mut w = Allowlist {
             names: BTreeMap::new(),
             prefixes: Vec::new(),
@@ -131,11 +150,12 @@ impl Allowlist {
             let n = normalize(&p);
             let (name, prefixed) = match n.find('*') {
                 Some(i) if i == n.len() - 1 => (n[..i].to_string(), true),
-                Some(_) => return Err(format!("sysctl {p:?} may only end in \"*\"")),
+                Some(_) => return Err(SysctlError::BadPattern(p)),
                 None => (n, false),
             };
-            let ns = namespace_of(&name)
-                .ok_or_else(|| format!("the sysctls {name:?} are not known to be namespaced"))?;
+            let Some(ns) = namespace_of(&name) else {
+                return Err(SysctlError::NotNamespaced(name));
+            };
             if prefixed {
                 w.prefixes.push((name, ns));
             } else {
@@ -153,7 +173,7 @@ impl Allowlist {
         host_net: bool,
         host_ipc: bool,
         host_users: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), SysctlError> {
         let s = normalize(sysctl);
         let ns = self.names.get(&s).copied().or_else(|| {
             self.prefixes
@@ -162,7 +182,7 @@ impl Allowlist {
                 .map(|(_, ns)| *ns)
         });
         let Some(ns) = ns else {
-            return Err(format!("{s:?} not allowlisted"));
+            return Err(SysctlError::NotAllowed(s));
         };
         let shared = match ns {
             Namespace::Ipc => host_ipc,
@@ -171,16 +191,16 @@ impl Allowlist {
             Namespace::Uts => false,
         };
         if shared {
-            return Err(format!(
-                "{s:?} not allowed with host {} enabled",
-                ns.as_str()
-            ));
+            return Err(SysctlError::HostNamespace {
+                sysctl: s,
+                namespace: ns.as_str(),
+            });
         }
         Ok(())
     }
 
     /// The pod's sysctls checked: `Err` is upstream's message.
-    pub fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<(), String> {
+    pub fn admit(&self, pod: &k8s_openapi::api::core::v1::Pod) -> Result<(), SysctlError> {
         let Some(spec) = &pod.spec else {
             return Ok(());
         };
@@ -193,7 +213,7 @@ impl Allowlist {
             let host_net = spec.host_network.unwrap_or(false);
             let host_ipc = spec.host_ipc.unwrap_or(false);
             self.check(&s.name, host_net, host_ipc, host_users)
-                .map_err(|e| format!("forbidden sysctl: {e}"))?;
+                .map_err(|e| SysctlError::Forbidden(Box::new(e)))?;
         }
         Ok(())
     }
@@ -203,29 +223,39 @@ impl Allowlist {
 mod tests {
     use super::*;
 
+    fn msg<T>(r: Result<T, SysctlError>) -> Result<T, String> {
+        r.map_err(|e| e.to_string())
+    }
+
     #[test]
     fn the_safe_set_and_allowed_patterns_as_upstream() {
         let w =
             Allowlist::with_kernel(&["kernel.msg*".into(), "net.core.somaxconn".into()], (6, 1))
                 .unwrap();
         assert_eq!(
-            w.check("kernel.shm_rmid_forced", false, false, true),
+            msg(w.check("kernel.shm_rmid_forced", false, false, true)),
             Ok(())
         );
-        assert_eq!(w.check("net.ipv4.tcp_rmem", false, false, true), Ok(()));
-        assert_eq!(w.check("kernel.msgmax", false, false, true), Ok(()));
-        assert_eq!(w.check("net/core/somaxconn", false, false, true), Ok(()));
         assert_eq!(
-            w.check("kernel.sem", false, false, true),
-            Err("\"kernel.sem\" not allowlisted".into())
+            msg(w.check("net.ipv4.tcp_rmem", false, false, true)),
+            Ok(())
+        );
+        assert_eq!(msg(w.check("kernel.msgmax", false, false, true)), Ok(()));
+        assert_eq!(
+            msg(w.check("net/core/somaxconn", false, false, true)),
+            Ok(())
         );
         assert_eq!(
-            w.check("net.ipv4.tcp_syncookies", true, false, true),
-            Err("\"net.ipv4.tcp_syncookies\" not allowed with host Net enabled".into())
+            msg(w.check("kernel.sem", false, false, true)),
+            Err("\"kernel.sem\" not allowlisted".to_string())
         );
         assert_eq!(
-            w.check("kernel.shm_rmid_forced", false, true, true),
-            Err("\"kernel.shm_rmid_forced\" not allowed with host IPC enabled".into())
+            msg(w.check("net.ipv4.tcp_syncookies", true, false, true)),
+            Err("\"net.ipv4.tcp_syncookies\" not allowed with host Net enabled".to_string())
+        );
+        assert_eq!(
+            msg(w.check("kernel.shm_rmid_forced", false, true, true)),
+            Err("\"kernel.shm_rmid_forced\" not allowed with host IPC enabled".to_string())
         );
         let old = Allowlist::with_kernel(&[], (4, 4)).unwrap();
         assert!(
@@ -237,8 +267,8 @@ mod tests {
     #[test]
     fn patterns_that_cannot_be_allowed_are_refused() {
         assert_eq!(
-            Allowlist::with_kernel(&["vm.swappiness".into()], (6, 1)),
-            Err("the sysctls \"vm.swappiness\" are not known to be namespaced".into())
+            msg(Allowlist::with_kernel(&["vm.swappiness".into()], (6, 1)).map(|_| ())),
+            Err("the sysctls \"vm.swappiness\" are not known to be namespaced".to_string())
         );
         assert!(Allowlist::with_kernel(&["net.*.x".into()], (6, 1)).is_err());
     }

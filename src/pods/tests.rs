@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use super::worker::KillRequest;
 use super::{PodKiller, PodManager, SourceUpdate, StatusManager, StatusView, admit};
 use crate::pods::util::Clock;
-use crate::pods::util::ObjectKind;
 use crate::pods::util::ObjectSource;
+use crate::pods::util::{ObjectError, ObjectKind};
 use crate::pods::worker::NodeContext;
 
 struct Node {
@@ -376,7 +376,7 @@ impl ObjectSource for CountingObjects {
         _kind: ObjectKind,
         _namespace: &'a str,
         _name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>> {
+    ) -> BoxFuture<'a, Result<Option<BTreeMap<String, String>>, ObjectError>> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Box::pin(async { Ok(None) })
     }

@@ -106,7 +106,34 @@ pub trait ObjectSource: Send + Sync + std::fmt::Debug {
         kind: ObjectKind,
         namespace: &'a str,
         name: &'a str,
-    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, String>>;
+    ) -> kinglet_runtime::BoxFuture<'a, Result<Option<BTreeMap<String, String>>, ObjectError>>;
+}
+
+/// Why the objects a pod reads (ConfigMaps, Secrets, the Services of its
+/// environment) could not be read; the messages are upstream's. The causes
+/// are kept as text: the cache hands one error to every pod waiting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectError {
+    #[error("couldn't get {kind:?} {namespace}/{name}: {cause}")]
+    Get {
+        kind: ObjectKind,
+        namespace: String,
+        name: String,
+        cause: String,
+    },
+    /// The watch's first list failed (kube's watcher error).
+    #[error("{0}")]
+    Watch(String),
+    #[error("failed to sync {} cache: timed out waiting for the condition ({namespace}/{name})", kind.lower())]
+    SyncTimeout {
+        kind: ObjectKind,
+        namespace: String,
+        name: String,
+    },
+    #[error("services have not yet been read at least once, cannot construct envvars")]
+    ServicesNotListed,
+    #[error("the API server did not answer in time")]
+    NoAnswer,
 }
 
 /// Why a container config cannot be built: upstream's

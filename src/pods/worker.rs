@@ -34,7 +34,7 @@ use super::podfiles::{FileError, PodFiles};
 use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
 use super::status;
-use super::util::NodeFacts;
+use super::util::{NodeFacts, ObjectError};
 use super::volumes::{self, Volumes};
 use crate::pods::kuberuntime::plan::{self, Backoffs, Health, Step, Unprobed};
 use crate::pods::util::pod_name;
@@ -111,6 +111,25 @@ const MIN_GRACE_AFTER_HOOK: Duration = Duration::from_secs(2);
 
 /// What a sync round waits for next.
 type Wake = Option<Duration>;
+
+/// Why a container's config could not be made: the message of its
+/// `CreateContainerConfigError`, upstream's where upstream has one. A
+/// subPath's cause is logged, not told (it may name host paths).
+#[derive(Debug, thiserror::Error)]
+enum ContainerConfigError {
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
+    #[error("{0}")]
+    Spec(String),
+    #[error("unable to find target container {0}")]
+    NoTarget(String),
+    #[error("failed to prepare subPath for volumeMount {mount:?} of container {container:?}")]
+    SubPath { mount: String, container: String },
+    #[error("{0}")]
+    Files(#[from] FileError),
+    #[error("{0}")]
+    Blocking(#[from] tokio::task::JoinError),
+}
 
 fn soonest(a: Wake, b: Wake) -> Wake {
     match (a, b) {
@@ -386,9 +405,9 @@ impl Worker {
         let pre_stop = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref());
         if let Some(h) = pre_stop.filter(|_| !grace.is_zero()) {
             let began = Instant::now();
-            if let Ok(Err(msg)) = tokio::time::timeout(grace, self.hook(pod, c, id, h)).await {
+            if let Ok(Err(e)) = tokio::time::timeout(grace, self.hook(pod, c, id, h)).await {
                 self.rep
-                    .event(pod, "Warning", "FailedPreStopHook", msg)
+                    .event(pod, "Warning", "FailedPreStopHook", e.to_string())
                     .await;
             }
             left = grace
@@ -406,7 +425,7 @@ impl Worker {
         c: &Container,
         id: &str,
         h: &LifecycleHandler,
-    ) -> Result<(), String> {
+    ) -> Result<(), super::hooks::HookError> {
         super::hooks::run(&*self.runtime, pod, c, id, h, &self.pod_ip(pod)).await
     }
 
@@ -418,7 +437,7 @@ impl Worker {
         c: &Container,
         id: &str,
         h: &LifecycleHandler,
-    ) -> Option<Result<(), String>> {
+    ) -> Option<Result<(), super::hooks::HookError>> {
         let hook = self.hook(pod, c, id, h);
         let Some(mut rx) = self.updates.clone() else {
             return Some(hook.await);
@@ -880,7 +899,11 @@ impl Worker {
             Ok(cfg) => cfg,
             Err(e) => {
                 return Err(self
-                    .failed(pod, WaitingReason::CreateContainerConfigError, e)
+                    .failed(
+                        pod,
+                        WaitingReason::CreateContainerConfigError,
+                        e.to_string(),
+                    )
                     .await);
             }
         };
@@ -917,7 +940,8 @@ impl Worker {
             return Ok(());
         };
         match self.post_start(pod, c, id, h).await {
-            Some(Err(msg)) => {
+            Some(Err(e)) => {
+                let msg = e.to_string();
                 self.rep
                     .event(pod, "Warning", "FailedPostStartHook", msg.clone())
                     .await;
@@ -940,7 +964,7 @@ impl Worker {
         pod: &Pod,
         c: &Container,
         attempt: u32,
-    ) -> Result<kinglet_runtime::ContainerConfig, String> {
+    ) -> Result<kinglet_runtime::ContainerConfig, ContainerConfigError> {
         let store = self.node.store.clone();
         let kept = super::objects::read_kept_env(store.as_ref(), &self.uid, &c.name).await;
         let read = async {
@@ -961,14 +985,14 @@ impl Worker {
         let objects = match (&kept, wait) {
             (Some(_), Some(wait)) => tokio::time::timeout(wait, read)
                 .await
-                .unwrap_or_else(|_| Err("the API server did not answer in time".into())),
+                .unwrap_or(Err(ObjectError::NoAnswer)),
             _ => read.await,
         };
         let o = super::objects::kept_env(store, &self.uid, &c.name, objects, kept).await?;
         let pid_target = self.pid_target(pod, c)?;
         let (cfg, sub_paths) =
             crate::pods::kuberuntime::container::container_config(pod, c, attempt, &self.node, &o)
-                .map_err(|e| e.0)?;
+                .map_err(|e| ContainerConfigError::Spec(e.0))?;
         self.prepare_sub_paths(pod, c, sub_paths).await?;
         let mut cfg = kinglet_runtime::ContainerConfig { pid_target, ..cfg };
         let files = self.kubelet_files(pod, c, attempt, &cfg.mounts).await?;
@@ -985,7 +1009,7 @@ impl Worker {
         c: &Container,
         attempt: u32,
         mounts: &[kinglet_runtime::Mount],
-    ) -> Result<Vec<kinglet_runtime::Mount>, String> {
+    ) -> Result<Vec<kinglet_runtime::Mount>, ContainerConfigError> {
         let Some(files) = PodFiles::new(&self.node.pods_dir, &self.uid) else {
             return Ok(Vec::new());
         };
@@ -1004,9 +1028,8 @@ impl Worker {
             }
             Ok::<_, FileError>(out)
         })
-        .await
-        .map_err(|e| e.to_string())?;
-        made.map_err(|e| e.to_string())
+        .await?;
+        Ok(made?)
     }
 
     /// Binds the container's sub paths onto their targets (off the async
@@ -1017,7 +1040,7 @@ impl Worker {
         pod: &Pod,
         c: &Container,
         sub_paths: Vec<crate::pods::volumes::subpath::SubPath>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ContainerConfigError> {
         if sub_paths.is_empty() {
             return Ok(());
         }
@@ -1027,21 +1050,20 @@ impl Worker {
             }
             Ok(())
         })
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         prepared.map_err(|(mount, e)| {
             warn!(pod = %pod_name(pod), container = %c.name, error = %e, "preparing a subPath failed");
-            format!(
-                "failed to prepare subPath for volumeMount {mount:?} of container {:?}",
-                c.name
-            )
+            ContainerConfigError::SubPath {
+                mount,
+                container: c.name.clone(),
+            }
         })
     }
 
     /// The ID of the container an ephemeral container targets (its newest,
     /// as upstream's `getTargetID`), or upstream's error when the pod has
     /// none of that name.
-    fn pid_target(&self, pod: &Pod, c: &Container) -> Result<Option<String>, String> {
+    fn pid_target(&self, pod: &Pod, c: &Container) -> Result<Option<String>, ContainerConfigError> {
         let Some(target) = pod
             .spec
             .as_ref()
@@ -1055,7 +1077,7 @@ impl Worker {
             .filter(|s| s.name == target)
             .max_by_key(|s| (s.created_at, s.attempt))
             .map(|s| Some(s.id.clone()))
-            .ok_or_else(|| format!("unable to find target container {target}"))
+            .ok_or_else(|| ContainerConfigError::NoTarget(target.to_string()))
     }
 
     /// The images of the image volumes `c` mounts, pulled per their pull
@@ -1076,7 +1098,11 @@ impl Worker {
         }
         if let Err(e) = self.runtime.image_mounts().await {
             return Err(self
-                .failed(pod, WaitingReason::CreateContainerConfigError, e)
+                .failed(
+                    pod,
+                    WaitingReason::CreateContainerConfigError,
+                    e.to_string(),
+                )
                 .await);
         }
         for v in mounted {

@@ -182,6 +182,15 @@ pub enum Refused {
     TooManyReviews,
 }
 
+/// A request the node's authorizer refused (a 403), in upstream's words.
+#[derive(Debug, thiserror::Error)]
+#[error("Forbidden (user={user}, verb={verb}, resource=nodes, subresource(s)=[{subresources}])")]
+pub struct Forbidden {
+    pub user: String,
+    pub verb: &'static str,
+    pub subresources: String,
+}
+
 /// Authentication and authorization, as configured.
 pub struct Auth {
     pub client: Option<kube::Client>,
@@ -312,7 +321,7 @@ impl Auth {
 
     /// Whether `user` may `verb` the node's `subresource`; `Err` names
     /// what was asked, for the 403.
-    pub async fn authorize(&self, user: &User, method: &str, path: &str) -> Result<(), String> {
+    pub async fn authorize(&self, user: &User, method: &str, path: &str) -> Result<(), Forbidden> {
         let (verb, subs) = attributes(method, path);
         if self.always_allow {
             return Ok(());
@@ -322,11 +331,11 @@ impl Auth {
                 return Ok(());
             }
         }
-        Err(format!(
-            "Forbidden (user={}, verb={verb}, resource=nodes, subresource(s)=[{}])",
-            user.name,
-            subs.join(" ")
-        ))
+        Err(Forbidden {
+            user: user.name.clone(),
+            verb,
+            subresources: subs.join(" "),
+        })
     }
 
     async fn allowed(&self, user: &User, verb: &'static str, sub: &'static str) -> bool {
@@ -447,7 +456,7 @@ mod tests {
             tokio::spawn(async move { auth.authorize(&user, "POST", "/exec/ns/p/c").await })
         });
         for r in futures::future::join_all(calls).await {
-            assert_eq!(r.unwrap(), Ok(()));
+            assert!(r.unwrap().is_ok());
         }
         let reviews = |n| seen.load(std::sync::atomic::Ordering::SeqCst) == n;
         assert!(reviews(1), "{seen:?} reviews");

@@ -20,6 +20,7 @@
 use base64::Engine;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
+use kinglet_runtime::RuntimeError;
 use kinglet_runtime::exec::{ExecOptions, ExecSession, Reader, TermSize, Writer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -106,7 +107,16 @@ pub struct Streams {
 /// `command=…` (repeated; exec only) and the stream flags, as upstream's
 /// `remotecommand.NewOptions`: a flag is set by `1` (what the apiserver
 /// sends) or `true`; a terminal merges stderr into stdout.
-pub fn parse_query(query: &str, needs_command: bool) -> Result<(Vec<String>, Streams), String> {
+/// An exec or attach request refused (a 400), in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("you must specify at least 1 of stdin, stdout, stderr")]
+    NoStream,
+    #[error("you must specify a command")]
+    NoCommand,
+}
+
+pub fn parse_query(query: &str, needs_command: bool) -> Result<(Vec<String>, Streams), QueryError> {
     let mut cmd = Vec::new();
     let mut s = Streams::default();
     for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
@@ -124,10 +134,10 @@ pub fn parse_query(query: &str, needs_command: bool) -> Result<(Vec<String>, Str
         s.stderr = false;
     }
     if !(s.stdin || s.stdout || s.stderr) {
-        return Err("you must specify at least 1 of stdin, stdout, stderr".into());
+        return Err(QueryError::NoStream);
     }
     if needs_command && cmd.is_empty() {
-        return Err("you must specify a command".into());
+        return Err(QueryError::NoCommand);
     }
     Ok((cmd, s))
 }
@@ -215,7 +225,7 @@ fn decode(p: Protocol, m: Message) -> Incoming {
 
 /// The exit as the error channel carries it: a `metav1.Status` (v4, v5),
 /// or before v4 only a failure's message.
-fn exit_status(p: Protocol, exit: &Result<i32, String>, cmd: &[String]) -> Option<Vec<u8>> {
+fn exit_status(p: Protocol, exit: &Result<i32, RuntimeError>, cmd: &[String]) -> Option<Vec<u8>> {
     let status = match exit {
         Ok(0) => serde_json::json!({"metadata": {}, "status": "Success"}),
         Ok(code) => serde_json::json!({
@@ -347,7 +357,7 @@ pub async fn stream<IO>(
             pump(err, p, STDERR, want.stderr, tx_err),
             s.exit,
         );
-        exit.map_err(|e| e.to_string())
+        exit
     };
     let mut run = Box::pin(run);
     let exit = tokio::select! {
@@ -446,11 +456,11 @@ pub async fn handle(
 ) -> Response<Body> {
     let (cmd, want) = match parse_query(query, kind == Kind::Exec) {
         Ok(q) => q,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let (key, offered) = match ws::upgrade_request(&req, "exec") {
         Ok(k) => k,
-        Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let Some(protocol) = negotiate(Some(&offered)) else {
         let msg = "requested protocol(s) are not supported";
@@ -564,12 +574,11 @@ mod tests {
         // A terminal has no separate stderr.
         let (_, s) = parse_query("command=sh&stdin=true&stdout=1&stderr=1&tty=1", true).unwrap();
         assert!(s.tty && s.stdin && !s.stderr);
-        let refused = parse_query("command=sh", true).unwrap_err();
+        let refused = parse_query("command=sh", true).unwrap_err().to_string();
         assert!(refused.contains("at least 1"), "{refused}");
-        assert!(
-            parse_query("stdout=1", true)
-                .unwrap_err()
-                .contains("command")
+        assert_eq!(
+            parse_query("stdout=1", true).unwrap_err(),
+            QueryError::NoCommand
         );
         // Attach names no command.
         assert!(parse_query("stdout=1", false).unwrap().0.is_empty());

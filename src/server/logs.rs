@@ -31,8 +31,17 @@ fn boolean(v: &str) -> bool {
     matches!(v, "true" | "1" | "True" | "TRUE")
 }
 
+/// A log request's query refused (a 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogQueryError {
+    #[error("invalid {what}: {value:?}")]
+    Invalid { what: &'static str, value: String },
+    #[error("{0} must be greater than zero")]
+    NotPositive(&'static str),
+}
+
 /// Parses the query as upstream's `PodLogOptions`; `Err` is a 400.
-pub fn parse_query(q: &str, now_nanos: i64) -> Result<LogOptions, String> {
+pub fn parse_query(q: &str, now_nanos: i64) -> Result<LogOptions, LogQueryError> {
     let mut o = LogOptions::default();
     for pair in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, "true"));
@@ -46,10 +55,11 @@ pub fn parse_query(q: &str, now_nanos: i64) -> Result<LogOptions, String> {
                 }
             })
             .unwrap_or_default();
-        let num = |what: &str| {
-            v.parse::<i64>()
-                .map_err(|_| format!("invalid {what}: {v:?}"))
+        let invalid = |what| LogQueryError::Invalid {
+            what,
+            value: v.clone(),
         };
+        let num = |what| v.parse::<i64>().map_err(|_| invalid(what));
         match k {
             "follow" => o.follow = boolean(&v),
             "timestamps" => o.timestamps = boolean(&v),
@@ -58,20 +68,19 @@ pub fn parse_query(q: &str, now_nanos: i64) -> Result<LogOptions, String> {
             "limitBytes" => {
                 let n = num("limitBytes")?;
                 if n < 1 {
-                    return Err("limitBytes must be greater than zero".into());
+                    return Err(LogQueryError::NotPositive("limitBytes"));
                 }
                 o.limit_bytes = Some(n as u64);
             }
             "sinceSeconds" => {
                 let n = num("sinceSeconds")?;
                 if n < 1 {
-                    return Err("sinceSeconds must be greater than zero".into());
+                    return Err(LogQueryError::NotPositive("sinceSeconds"));
                 }
                 o.since = Some(now_nanos - n.saturating_mul(1_000_000_000));
             }
             "sinceTime" => {
-                let t: jiff::Timestamp =
-                    v.parse().map_err(|_| format!("invalid sinceTime: {v:?}"))?;
+                let t: jiff::Timestamp = v.parse().map_err(|_| invalid("sinceTime"))?;
                 o.since = Some(t.as_nanosecond() as i64);
             }
             _ => {}

@@ -286,9 +286,9 @@ async fn handle(
         req.method().as_str().to_string(),
         req.uri().path().to_string(),
     );
-    if let Err(msg) = state.auth.authorize(&user, &method, &path).await {
+    if let Err(e) = state.auth.authorize(&user, &method, &path).await {
         debug!(user = %user.name, %path, "kubelet API request denied");
-        return text(StatusCode::FORBIDDEN, msg);
+        return text(StatusCode::FORBIDDEN, e.to_string());
     }
     let query = req.uri().query().unwrap_or("").to_string();
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
@@ -475,7 +475,7 @@ async fn container_logs(
     let now = jiff::Timestamp::now().as_nanosecond() as i64;
     let opts = match logs::parse_query(query, now) {
         Ok(o) => o,
-        Err(e) => return text(StatusCode::BAD_REQUEST, e),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let (path, id) = match logs::locate(
         &state.view,

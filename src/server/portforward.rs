@@ -36,7 +36,7 @@ pub async fn handle(
 ) -> Response<Body> {
     let (key, offered) = match ws::upgrade_request(&req, "port-forward") {
         Ok(k) => k,
-        Err(msg) => return text(StatusCode::BAD_REQUEST, msg),
+        Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
     if !offered.split(',').any(|p| p.trim() == TUNNEL_PROTOCOL) {
         let msg = format!("port-forward needs the WebSocket subprotocol {TUNNEL_PROTOCOL}");
@@ -101,19 +101,32 @@ fn request_id(s: &Stream, kind: &str) -> String {
 }
 
 /// The stream's port and kind, or why it is refused.
-fn check(s: &Stream) -> Result<(u16, &'static str), String> {
-    let port = s.header("port").ok_or("\"port\" header is required")?;
+fn check(s: &Stream) -> Result<(u16, &'static str), StreamRefused> {
+    let port = s.header("port").ok_or(StreamRefused::NoPort)?;
     let port: u16 = port
         .parse()
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("unable to parse {port:?} as a port"))?;
+        .ok_or_else(|| StreamRefused::BadPort(port.into()))?;
     match s.header("streamtype") {
         Some("data") => Ok((port, "data")),
         Some("error") => Ok((port, "error")),
-        Some(t) => Err(format!("invalid stream type {t:?}")),
-        None => Err("\"streamType\" header is required".into()),
+        Some(t) => Err(StreamRefused::BadType(t.into())),
+        None => Err(StreamRefused::NoType),
     }
+}
+
+/// Why a forwarded stream was refused, in upstream's words.
+#[derive(Debug, thiserror::Error)]
+enum StreamRefused {
+    #[error("\"port\" header is required")]
+    NoPort,
+    #[error("unable to parse {0:?} as a port")]
+    BadPort(String),
+    #[error("invalid stream type {0:?}")]
+    BadType(String),
+    #[error("\"streamType\" header is required")]
+    NoType,
 }
 
 /// Serves one tunnel until the client closes it, or until this future is

@@ -21,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::podcgroup::Hierarchy;
 use kinglet_runtime::{ContainerState, Runtime};
 
@@ -259,48 +260,10 @@ impl Sampler {
             usage.unwrap_or_default(),
             sandboxes.unwrap_or_default(),
         );
-        let mut containers = Vec::new();
-        for u in &usage {
-            let Some(c) = listed.iter().find(|c| c.id == u.id) else {
-                continue;
-            };
-            let Some((ns, pod, _)) = pod_of(&c.pod_uid) else {
-                continue;
-            };
-            if c.state != ContainerState::Running {
-                continue;
-            }
-            containers.push(ContainerSample {
-                namespace: ns,
-                pod,
-                pod_uid: c.pod_uid.clone(),
-                name: c.name.clone(),
-                started_at: c.started_at as f64 / 1e9,
-                cpu_nanos: u.cpu_usage_core_nanos,
-                working_set: u.memory_working_set_bytes,
-                rootfs: u.writable_layer_bytes,
-                psi: Psi::new(),
-            });
-        }
-        let samples: Vec<PodSample> = sandboxes
-            .iter()
-            .filter_map(|s| {
-                let (ns, pod, start) = pod_of(&s.pod_uid)?;
-                Some(PodSample {
-                    namespace: ns,
-                    pod,
-                    uid: s.pod_uid.clone(),
-                    start_time: start.map(|t| t.0.to_string()),
-                    cpu_nanos: s.cpu_usage_core_nanos,
-                    working_set: s.memory_working_set_bytes,
-                    volumes: Vec::new(),
-                    // What the runtime tells (CRI); in-process, read below.
-                    network: s.network.clone(),
-                    psi: Psi::new(),
-                })
-            })
-            .collect();
+        let containers = container_samples(&listed, &usage, &pod_of);
+        let samples = pod_samples(&sandboxes, &pod_of);
         let (pods, psi) = self.pods_on_disk_and_net(samples, &pods, &listed).await;
+        let mut containers = containers;
         for c in &mut containers {
             if let Some(p) = psi.get(&(c.pod_uid.clone(), c.name.clone())) {
                 c.psi = p.clone();
@@ -600,6 +563,64 @@ fn empty_dir_usage(
         .collect()
 }
 
+/// A pod's namespace, name and start time, by UID.
+type PodOf<'a> = dyn Fn(&str) -> Option<(String, String, Option<Time>)> + 'a;
+
+/// The running containers of known pods with their usage.
+fn container_samples(
+    listed: &[kinglet_runtime::ContainerStatus],
+    usage: &[kinglet_runtime::Usage],
+    pod_of: &PodOf<'_>,
+) -> Vec<ContainerSample> {
+    let mut containers = Vec::new();
+    for u in usage {
+        let Some(c) = listed.iter().find(|c| c.id == u.id) else {
+            continue;
+        };
+        let Some((ns, pod, _)) = pod_of(&c.pod_uid) else {
+            continue;
+        };
+        if c.state != ContainerState::Running {
+            continue;
+        }
+        containers.push(ContainerSample {
+            namespace: ns,
+            pod,
+            pod_uid: c.pod_uid.clone(),
+            name: c.name.clone(),
+            started_at: c.started_at as f64 / 1e9,
+            cpu_nanos: u.cpu_usage_core_nanos,
+            working_set: u.memory_working_set_bytes,
+            rootfs: u.writable_layer_bytes,
+            psi: Psi::new(),
+        });
+    }
+    containers
+}
+
+/// The sandboxes of known pods with their usage; volumes, and the network
+/// and PSI in-process, are filled in later.
+fn pod_samples(sandboxes: &[kinglet_runtime::Usage], pod_of: &PodOf<'_>) -> Vec<PodSample> {
+    sandboxes
+        .iter()
+        .filter_map(|s| {
+            let (ns, pod, start) = pod_of(&s.pod_uid)?;
+            Some(PodSample {
+                namespace: ns,
+                pod,
+                uid: s.pod_uid.clone(),
+                start_time: start.map(|t| t.0.to_string()),
+                cpu_nanos: s.cpu_usage_core_nanos,
+                working_set: s.memory_working_set_bytes,
+                volumes: Vec::new(),
+                // What the runtime tells (CRI); in-process, read below.
+                network: s.network.clone(),
+                psi: Psi::new(),
+            })
+        })
+        .collect()
+}
+
 /// Label values escaped as the Prometheus text format wants.
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -612,6 +633,42 @@ fn label(v: &str) -> String {
 /// upstream's collector does. Written by hand: the timestamps are part of
 /// the contract and prometheus-client has no per-sample timestamp.
 pub fn resource_metrics(s: &Snapshot) -> String {
+    type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> f64);
+    let secs = |n: u64| n as f64 / 1e9;
+    const CONTAINERS: [Family<ContainerSample>; 3] = [
+        (
+            "container_cpu_usage_seconds_total",
+            "counter",
+            "Cumulative cpu time consumed by the container in core-seconds",
+            |c| c.cpu_nanos as f64 / 1e9,
+        ),
+        (
+            "container_memory_working_set_bytes",
+            "gauge",
+            "Current working set of the container in bytes",
+            |c| c.working_set as f64,
+        ),
+        (
+            "container_start_time_seconds",
+            "gauge",
+            "Start time of the container since unix epoch in seconds",
+            |c| c.started_at,
+        ),
+    ];
+    const PODS: [Family<PodSample>; 2] = [
+        (
+            "pod_cpu_usage_seconds_total",
+            "counter",
+            "Cumulative cpu time consumed by the pod in core-seconds",
+            |p| p.cpu_nanos as f64 / 1e9,
+        ),
+        (
+            "pod_memory_working_set_bytes",
+            "gauge",
+            "Current working set of the pod in bytes",
+            |p| p.working_set as f64,
+        ),
+    ];
     let ms = s.at.as_millisecond();
     let mut out = String::new();
     let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, f64)>| {
@@ -621,79 +678,31 @@ pub fn resource_metrics(s: &Snapshot) -> String {
             let _ = writeln!(out, "{name}{labels} {v} {ms}");
         }
     };
-    let c_labels = |c: &ContainerSample| {
-        format!(
-            "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
-            label(&c.name),
-            label(&c.namespace),
-            label(&c.pod)
-        )
-    };
-    let p_labels = |p: &PodSample| {
-        format!(
-            "{{namespace=\"{}\",pod=\"{}\"}}",
-            label(&p.namespace),
-            label(&p.pod)
-        )
-    };
-    let secs = |n: u64| n as f64 / 1e9;
-    family(
-        "container_cpu_usage_seconds_total",
-        "counter",
-        "Cumulative cpu time consumed by the container in core-seconds",
-        s.containers
-            .iter()
-            .map(|c| (c_labels(c), secs(c.cpu_nanos)))
-            .collect(),
-    );
-    family(
-        "container_memory_working_set_bytes",
-        "gauge",
-        "Current working set of the container in bytes",
-        s.containers
-            .iter()
-            .map(|c| (c_labels(c), c.working_set as f64))
-            .collect(),
-    );
-    family(
-        "container_start_time_seconds",
-        "gauge",
-        "Start time of the container since unix epoch in seconds",
-        s.containers
-            .iter()
-            .map(|c| (c_labels(c), c.started_at))
-            .collect(),
-    );
-    family(
-        "node_cpu_usage_seconds_total",
-        "counter",
-        "Cumulative cpu time consumed by the node in core-seconds",
-        vec![(String::new(), secs(s.node.cpu_nanos))],
-    );
-    family(
-        "node_memory_working_set_bytes",
-        "gauge",
-        "Current working set of the node in bytes",
-        vec![(String::new(), s.node.working_set as f64)],
-    );
-    family(
-        "pod_cpu_usage_seconds_total",
-        "counter",
-        "Cumulative cpu time consumed by the pod in core-seconds",
-        s.pods
-            .iter()
-            .map(|p| (p_labels(p), secs(p.cpu_nanos)))
-            .collect(),
-    );
-    family(
-        "pod_memory_working_set_bytes",
-        "gauge",
-        "Current working set of the pod in bytes",
-        s.pods
-            .iter()
-            .map(|p| (p_labels(p), p.working_set as f64))
-            .collect(),
-    );
+    for (name, kind, help, value) in CONTAINERS {
+        let samples = s.containers.iter().map(|c| (container_labels(c), value(c)));
+        family(name, kind, help, samples.collect());
+    }
+    let node = [
+        (
+            "node_cpu_usage_seconds_total",
+            "counter",
+            "Cumulative cpu time consumed by the node in core-seconds",
+            secs(s.node.cpu_nanos),
+        ),
+        (
+            "node_memory_working_set_bytes",
+            "gauge",
+            "Current working set of the node in bytes",
+            s.node.working_set as f64,
+        ),
+    ];
+    for (name, kind, help, value) in node {
+        family(name, kind, help, vec![(String::new(), value)]);
+    }
+    for (name, kind, help, value) in PODS {
+        let samples = s.pods.iter().map(|p| (pod_labels(p), value(p)));
+        family(name, kind, help, samples.collect());
+    }
     let _ = writeln!(
         out,
         "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, 0 otherwise"
@@ -701,6 +710,23 @@ pub fn resource_metrics(s: &Snapshot) -> String {
     let _ = writeln!(out, "# TYPE resource_scrape_error gauge");
     let _ = writeln!(out, "resource_scrape_error {}", u8::from(s.error));
     out
+}
+
+fn container_labels(c: &ContainerSample) -> String {
+    format!(
+        "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
+        label(&c.name),
+        label(&c.namespace),
+        label(&c.pod)
+    )
+}
+
+fn pod_labels(p: &PodSample) -> String {
+    format!(
+        "{{namespace=\"{}\",pod=\"{}\"}}",
+        label(&p.namespace),
+        label(&p.pod)
+    )
 }
 
 #[cfg(test)]

@@ -18,9 +18,17 @@ use super::Body;
 /// The upgraded connection.
 pub type Upgraded = TokioIo<hyper::upgrade::Upgraded>;
 
+/// A streaming request that is not a WebSocket upgrade (a 400).
+#[derive(Debug, thiserror::Error)]
+#[error("kinglet streams {what} over WebSockets only; upgrade {upgrade:?} is not supported")]
+pub struct NotWebSocket {
+    pub what: String,
+    pub upgrade: String,
+}
+
 /// A WebSocket upgrade request's key and offered subprotocols, or the
 /// message of the 400 for anything else (SPDY upgrades included).
-pub fn upgrade_request<B>(req: &Request<B>, what: &str) -> Result<(String, String), String> {
+pub fn upgrade_request<B>(req: &Request<B>, what: &str) -> Result<(String, String), NotWebSocket> {
     let get = |n: header::HeaderName| {
         req.headers()
             .get(n)
@@ -31,9 +39,10 @@ pub fn upgrade_request<B>(req: &Request<B>, what: &str) -> Result<(String, Strin
     let upgrade = get(header::UPGRADE);
     let key = get(header::SEC_WEBSOCKET_KEY);
     if !upgrade.eq_ignore_ascii_case("websocket") || key.is_empty() {
-        return Err(format!(
-            "kinglet streams {what} over WebSockets only; upgrade {upgrade:?} is not supported"
-        ));
+        return Err(NotWebSocket {
+            what: what.into(),
+            upgrade,
+        });
     }
     Ok((key, get(header::SEC_WEBSOCKET_PROTOCOL)))
 }

@@ -35,6 +35,8 @@ struct FakeState {
     pub calls: Vec<String>,
     /// How many sandbox removals still fail (a refused CNI DEL, say).
     failing_sandbox_removals: usize,
+    /// Memory working set each container ID reports (absent: 0).
+    usage: BTreeMap<String, u64>,
     /// How many container starts are still refused (containerd's "task
     /// already exists" after it restarted mid-start, say).
     refused_starts: usize,
@@ -91,6 +93,7 @@ impl FakeRuntime {
                 calls: Vec::new(),
                 failing_sandbox_removals: 0,
                 refused_starts: 0,
+                usage: BTreeMap::new(),
                 tokio_clock: None,
             }),
             status_calls: AtomicUsize::new(0),
@@ -156,6 +159,17 @@ impl FakeRuntime {
         if let Some(i) = self.lock().images.get_mut(name) {
             i.pinned = true;
         }
+    }
+
+    /// Adds a container as the runtime would list it (a test's pods that
+    /// ran before).
+    pub fn insert_container(&self, c: ContainerStatus) {
+        self.lock().containers.insert(c.id.clone(), c);
+    }
+
+    /// The memory working set container `id` reports in its stats.
+    pub fn set_usage(&self, id: &str, bytes: u64) {
+        self.lock().usage.insert(id.into(), bytes);
     }
 
     /// Refuses the next `n` container starts (the container stays created).
@@ -406,6 +420,22 @@ impl Runtime for FakeRuntime {
             s.containers.remove(id);
             s.calls.push(format!("remove {id}"));
             Ok(())
+        })
+    }
+
+    fn container_stats(&self) -> BoxFuture<'_, Result<Vec<crate::Usage>, RuntimeError>> {
+        Box::pin(async move {
+            self.check_up()?;
+            let s = self.lock();
+            let usage = s.containers.values().map(|c| crate::Usage {
+                id: c.id.clone(),
+                pod_uid: c.pod_uid.clone(),
+                cpu_usage_core_nanos: 0,
+                memory_working_set_bytes: s.usage.get(&c.id).copied().unwrap_or(0),
+                writable_layer_bytes: 0,
+                network: Vec::new(),
+            });
+            Ok(usage.collect())
         })
     }
 

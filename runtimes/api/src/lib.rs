@@ -42,6 +42,17 @@ pub enum RuntimeError {
     DeadlineExceeded(String),
 }
 
+/// Why a runtime cannot mount images as volumes.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageMountsError {
+    #[error("image volumes are not supported by this container runtime")]
+    Unsupported,
+    #[error("image volumes need containerd 2.1 or newer; the runtime is {name} {version}")]
+    TooOld { name: String, version: String },
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
 fn unsupported<'a, T: Send + 'a>(call: &'static str) -> BoxFuture<'a, Result<T, RuntimeError>> {
     Box::pin(async move { Err(RuntimeError::Unsupported(call)) })
 }
@@ -514,8 +525,8 @@ pub trait Runtime: Send + Sync {
         unsupported("ListPodSandboxStats")
     }
     /// Whether mounts may name an image (image volumes); `Err` says why not.
-    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async { Err("image volumes are not supported by this container runtime".into()) })
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), ImageMountsError>> {
+        Box::pin(async { Err(ImageMountsError::Unsupported) })
     }
     /// Signalled when containers change, where the runtime can tell (CRI's
     /// `GetContainerEvents`); the periodic relist stays as the safety net.

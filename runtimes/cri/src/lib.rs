@@ -618,16 +618,16 @@ impl Runtime for CriRuntime {
 
     /// Image mounts came with containerd 2.1; older releases would take
     /// the mount for an empty host path.
-    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), kinglet_runtime::ImageMountsError>> {
         Box::pin(async move {
-            let v = self.version().await.map_err(|e| e.to_string())?;
+            let v = self.version().await?;
             if image_mounts_supported(&v.runtime_name, &v.runtime_version) {
                 return Ok(());
             }
-            Err(format!(
-                "image volumes need containerd 2.1 or newer; the runtime is {} {}",
-                v.runtime_name, v.runtime_version
-            ))
+            Err(kinglet_runtime::ImageMountsError::TooOld {
+                name: v.runtime_name,
+                version: v.runtime_version,
+            })
         })
     }
 

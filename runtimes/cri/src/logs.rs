@@ -12,6 +12,18 @@ use tracing::warn;
 
 use crate::{CriRuntime, REQUEST_TIMEOUT, proto, request, status_err};
 
+/// Why one container log was not rotated.
+#[derive(Debug, thiserror::Error)]
+enum RotateError {
+    #[error("{}: {source}", path.display())]
+    Rename {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Reopen(kinglet_runtime::RuntimeError),
+}
+
 /// Upstream's `containerLogMonitorInterval`.
 const INTERVAL: Duration = Duration::from_secs(10);
 
@@ -52,7 +64,7 @@ impl CriRuntime {
         log: &Path,
         max_size: u64,
         max_files: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), RotateError> {
         let size = match std::fs::metadata(log) {
             Ok(m) => m.len(),
             Err(_) => return Ok(()),
@@ -61,7 +73,10 @@ impl CriRuntime {
             return Ok(());
         }
         let rotated = PathBuf::from(format!("{}.{}", log.display(), timestamp()));
-        std::fs::rename(log, &rotated).map_err(|e| e.to_string())?;
+        std::fs::rename(log, &rotated).map_err(|source| RotateError::Rename {
+            path: log.to_path_buf(),
+            source,
+        })?;
         if let Err(s) = self
             .rt()
             .reopen_container_log(request(
@@ -75,7 +90,7 @@ impl CriRuntime {
             // The container may have exited meanwhile: put the log back so
             // nothing is lost.
             let _ = std::fs::rename(&rotated, log);
-            return Err(status_err("ReopenContainerLog", s).to_string());
+            return Err(RotateError::Reopen(status_err("ReopenContainerLog", s)));
         }
         kinglet_runtime::logs::prune_rotated(log, max_files);
         Ok(())

@@ -118,7 +118,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     Ok(Made {
         overlay,
         stop_signal: parse_signal(&ic.stop_signal),
-        start_error: preflight(dir).err(),
+        start_error: preflight(dir).err().map(|e| e.to_string()),
     })
 }
 
@@ -303,16 +303,32 @@ fn prepare_rootfs(
 /// longer than this makes `execve` fail with E2BIG.
 const MAX_ARG_STRLEN: usize = 32 * 4096;
 
+/// A start `execve` would refuse, in runc's words (containerd's
+/// `StartError` message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum StartRefused {
+    #[error("the container's config.json is unreadable")]
+    Unreadable,
+    #[error("no command specified")]
+    NoCommand,
+    #[error("exec: {0:?}: argument list too long")]
+    TooLong(String),
+    #[error("exec: {0:?}: stat {0}: no such file or directory")]
+    NoFile(String),
+    #[error("exec: {0:?}: executable file not found in $PATH")]
+    NotInPath(String),
+}
+
 /// What `execve` in the container would refuse, checked once the bundle is
 /// made: an argument list too long, an executable that is not there. The
 /// container's init reports the first as an exit 255 with an empty log and
 /// libcontainer refuses the second at create in words of its own; kinglet
 /// reports both at the start, as containerd does (`StartError`).
-pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
+pub(crate) fn preflight(dir: &Path) -> Result<(), StartRefused> {
     let spec: serde_json::Value = std::fs::read(dir.join("config.json"))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or("the container's config.json is unreadable")?;
+        .ok_or(StartRefused::Unreadable)?;
     let strings = |v: &serde_json::Value| -> Vec<String> {
         v.as_array()
             .map(|a| {
@@ -324,13 +340,13 @@ pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
     };
     let args = strings(&spec["process"]["args"]);
     let env = strings(&spec["process"]["env"]);
-    let arg0 = args.first().ok_or("no command specified")?;
+    let arg0 = args.first().ok_or(StartRefused::NoCommand)?;
     // SAFETY: sysconf has no preconditions.
     let arg_max = usize::try_from(unsafe { libc::sysconf(libc::_SC_ARG_MAX) }).unwrap_or(0);
     let total: usize = args.iter().chain(&env).map(|s| s.len() + 1 + 8).sum();
     if args.iter().chain(&env).any(|s| s.len() >= MAX_ARG_STRLEN) || arg_max > 0 && total > arg_max
     {
-        return Err(format!("exec: {arg0:?}: argument list too long"));
+        return Err(StartRefused::TooLong(arg0.clone()));
     }
     let path = env
         .iter()
@@ -374,9 +390,9 @@ pub(crate) fn preflight(dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     Err(if arg0.contains('/') {
-        format!("exec: {arg0:?}: stat {arg0}: no such file or directory")
+        StartRefused::NoFile(arg0.clone())
     } else {
-        format!("exec: {arg0:?}: executable file not found in $PATH")
+        StartRefused::NotInPath(arg0.clone())
     })
 }
 
@@ -592,7 +608,7 @@ mod tests {
                 "mounts": [{"destination": "/scripts", "type": "bind", "source": "/x"}],
             });
             std::fs::write(d.path().join("config.json"), spec.to_string()).unwrap();
-            preflight(d.path())
+            preflight(d.path()).map_err(|e| e.to_string())
         };
         assert_eq!(check(serde_json::json!(["sh", "-c", "true"])), Ok(()));
         assert_eq!(check(serde_json::json!(["/bin/sh"])), Ok(()));

@@ -1172,7 +1172,7 @@ impl Runtime for OciRuntime {
         Box::pin(self.stop(id, timeout))
     }
 
-    fn image_mounts(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn image_mounts(&self) -> BoxFuture<'_, Result<(), kinglet_runtime::ImageMountsError>> {
         Box::pin(async { Ok(()) })
     }
 

@@ -291,10 +291,32 @@ impl PodNamespaces {
     }
 }
 
+/// Why a pod's namespaces could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("{}: {source}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("unshare: {0}")]
+    Unshare(std::io::Error),
+    #[error("sethostname {hostname:?}: {source}")]
+    Hostname {
+        hostname: String,
+        source: rustix::io::Errno,
+    },
+    #[error("bind mount {kind} namespace: {source}")]
+    Bind {
+        kind: &'static str,
+        source: rustix::io::Errno,
+    },
+}
+
 /// Makes the pod's namespaces and binds them to their files (run in a
 /// fresh, single-threaded `kinglet netns` process: unshare affects the
 /// calling thread's process only when it has no other threads).
-pub fn create_namespaces(ns: &PodNamespaces) -> Result<(), String> {
+pub fn create_namespaces(ns: &PodNamespaces) -> Result<(), NamespaceError> {
     let mut flags = 0;
     let mut binds: Vec<(&str, &Path)> = Vec::new();
     if let Some(p) = &ns.net {
@@ -310,19 +332,26 @@ pub fn create_namespaces(ns: &PodNamespaces) -> Result<(), String> {
         binds.push(("uts", p));
     }
     for (_, p) in &binds {
-        std::fs::write(p, b"").map_err(|e| format!("{}: {e}", p.display()))?;
+        std::fs::write(p, b"").map_err(|source| NamespaceError::File {
+            path: p.to_path_buf(),
+            source,
+        })?;
     }
     // SAFETY: unshare in this single-threaded process; a plain syscall.
     if unsafe { libc::unshare(flags) } != 0 {
-        return Err(format!("unshare: {}", std::io::Error::last_os_error()));
+        return Err(NamespaceError::Unshare(std::io::Error::last_os_error()));
     }
     if let Some((_, hostname)) = &ns.uts {
-        rustix::system::sethostname(hostname.as_bytes())
-            .map_err(|e| format!("sethostname {hostname:?}: {e}"))?;
+        rustix::system::sethostname(hostname.as_bytes()).map_err(|source| {
+            NamespaceError::Hostname {
+                hostname: hostname.clone(),
+                source,
+            }
+        })?;
     }
     for (kind, p) in binds {
         rustix::mount::mount_bind(format!("/proc/self/ns/{kind}").as_str(), p)
-            .map_err(|e| format!("bind mount {kind} namespace: {e}"))?;
+            .map_err(|source| NamespaceError::Bind { kind, source })?;
     }
     Ok(())
 }

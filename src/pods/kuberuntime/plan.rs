@@ -251,77 +251,80 @@ fn container_step(
     let failed = backoffs.failure.get(&c.name).and_then(|b| b.left(at.now));
     let tries = attempts(current, &c.name);
     let Some(latest) = tries.first() else {
-        return match failed {
-            Some(left) => (mk(Step::RetryLater { left }, false), false),
-            None => (
-                mk(
-                    Step::Start {
-                        attempt: 0,
-                        remove: vec![],
-                    },
-                    false,
-                ),
-                false,
-            ),
+        let step = match failed {
+            Some(left) => Step::RetryLater { left },
+            None => Step::Start {
+                attempt: 0,
+                remove: vec![],
+            },
         };
+        return (mk(step, false), false);
     };
-    match latest.state {
-        ContainerState::Running => (mk(Step::Keep, false), false),
+    let older = || tries.iter().skip(1).map(|o| o.id.clone()).collect();
+    let step = match (latest.state, failed) {
+        (ContainerState::Running, _) => Step::Keep,
         // A start that just failed left it created: ask again after the
         // back-off, not at the next relist.
-        ContainerState::Created => match failed {
-            Some(left) => (mk(Step::RetryLater { left }, false), false),
-            None => (mk(Step::StartCreated(latest.id.clone()), false), false),
+        (ContainerState::Created | ContainerState::Unknown, Some(left)) => {
+            Step::RetryLater { left }
+        }
+        (ContainerState::Created, None) => Step::StartCreated(latest.id.clone()),
+        (ContainerState::Unknown, None) => Step::Replace {
+            unknown: latest.id.clone(),
+            attempt: latest.attempt + 1,
+            remove: older(),
         },
-        ContainerState::Unknown => {
-            if let Some(left) = failed {
-                return (mk(Step::RetryLater { left }, false), false);
-            }
-            let step = Step::Replace {
-                unknown: latest.id.clone(),
-                attempt: latest.attempt + 1,
-                remove: tries.iter().skip(1).map(|o| o.id.clone()).collect(),
-            };
-            (mk(step, false), false)
+        (ContainerState::Exited, _) if !should_restart(c, policy, latest.exit_code) => {
+            return (mk(Step::Keep, false), latest.exit_code == 0);
         }
-        ContainerState::Exited if !should_restart(c, policy, latest.exit_code) => {
-            (mk(Step::Keep, false), latest.exit_code == 0)
+        (ContainerState::Exited, _) => {
+            let (step, reset) = restart_step(c, latest, backoffs, failed, at, older);
+            return (mk(step, reset), false);
         }
-        ContainerState::Exited => {
-            let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
-            let reset = ran >= BACKOFF_RESET;
-            // A container lost rather than crashed (its exit unknown: a
-            // reboot, a crash of the monitor) is not held back by the
-            // restarts before it.
-            let seeded = (latest.reason != "Unknown")
-                .then(|| seeded_backoff(latest.attempt, at.now))
-                .flatten();
-            let restart = backoffs
-                .restart
-                .get(&c.name)
-                .or(seeded.as_ref())
-                .filter(|_| !reset);
-            let finished_ago = since_exit(at.wall_nanos, latest.finished_at);
-            if let Some(left) = failed {
-                return (mk(Step::RetryLater { left }, reset), false);
-            }
-            if let Some(b) = restart
-                && finished_ago < b.delay
-            {
-                let step = Step::CrashLoop {
-                    delay: b.delay,
-                    left: b.delay - finished_ago,
-                };
-                return (mk(step, reset), false);
-            }
-            let remove = tries.iter().skip(1).map(|o| o.id.clone()).collect();
-            let step = Step::Start {
-                attempt: latest.attempt + 1,
-                remove,
-            };
-            (mk(step, reset), false)
-        }
+    };
+    (mk(step, false), false)
+}
+
+/// The step of a container that exited and is to restart, and whether
+/// its back-off is to be forgotten (it ran long enough).
+fn restart_step(
+    c: &Container,
+    latest: &ContainerStatus,
+    backoffs: &Backoffs,
+    failed: Option<Duration>,
+    at: &At,
+    older: impl FnOnce() -> Vec<String>,
+) -> (Step, bool) {
+    let ran = Duration::from_nanos((latest.finished_at - latest.started_at).max(0) as u64);
+    let reset = ran >= BACKOFF_RESET;
+    // A container lost rather than crashed (its exit unknown: a reboot, a
+    // crash of the monitor) is not held back by the restarts before it.
+    let seeded = (latest.reason != "Unknown")
+        .then(|| seeded_backoff(latest.attempt, at.now))
+        .flatten();
+    let restart = backoffs
+        .restart
+        .get(&c.name)
+        .or(seeded.as_ref())
+        .filter(|_| !reset);
+    let finished_ago = since_exit(at.wall_nanos, latest.finished_at);
+    if let Some(left) = failed {
+        return (Step::RetryLater { left }, reset);
     }
+    if let Some(b) = restart
+        && finished_ago < b.delay
+    {
+        let step = Step::CrashLoop {
+            delay: b.delay,
+            left: b.delay - finished_ago,
+        };
+        return (step, reset);
+    }
+    let step = Step::Start {
+        attempt: latest.attempt + 1,
+        remove: older(),
+    };
+    (step, reset)
 }
 
 #[cfg(test)]

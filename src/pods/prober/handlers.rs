@@ -30,7 +30,64 @@ pub enum Verdict {
 
 /// What one run of a handler found; `Err` is an error that is not the
 /// container's answer (upstream's "probe errored").
-pub type Outcome = Result<(Verdict, String), String>;
+pub type Outcome = Result<(Verdict, String), ProbeError>;
+
+/// Why a handler got no answer. For `httpGet` and `tcpSocket` the message
+/// is the probe's failure message, in Go's wording as upstream's; the
+/// others are upstream's "probe errored".
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("port {0:?} not found")]
+    PortNotFound(String),
+    #[error("invalid port number: {0}")]
+    BadPort(i32),
+    #[error("bad probe url: {0}")]
+    BadUrl(#[from] url::ParseError),
+    #[error("bad probe request: {0}")]
+    BadRequest(#[from] http::Error),
+    #[error("bad host {host:?}: {source}")]
+    BadHost {
+        host: String,
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("bad grpc address {addr:?}: {source}")]
+    BadGrpcAddress {
+        addr: String,
+        source: tonic::transport::Error,
+    },
+    #[error("dial tcp {addr}: lookup {host}: {source}")]
+    Lookup {
+        addr: String,
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("dial tcp {addr}: lookup {host}: no such host")]
+    NoSuchHost { addr: String, host: String },
+    #[error("dial tcp {addr}: {}", go_dial_wording(.source))]
+    Dial {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("tls: {0}")]
+    Tls(std::io::Error),
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    #[error("Get {url:?}: {source}")]
+    Get {
+        url: String,
+        source: Box<ProbeError>,
+    },
+    #[error(
+        "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
+    )]
+    Timeout { url: String },
+    #[error("Get {url:?}: stopped after 10 redirects")]
+    TooManyRedirects { url: String },
+    #[error("missing probe handler for {pod}:{container}")]
+    NoHandler { pod: String, container: String },
+}
 
 fn truncate(mut s: Vec<u8>) -> String {
     s.truncate(MAX_OUTPUT);
@@ -58,7 +115,7 @@ pub async fn exec(rt: &dyn Runtime, id: &str, cmd: &[String], timeout: Duration)
                 cmd.join(" ") // upstream quotes the command as %q of its parts
             ),
         )),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -103,7 +160,7 @@ struct Answer {
 pub async fn http_get(t: &HttpTarget, timeout: Duration, user_agent: &str) -> Outcome {
     Ok(match fetch(t, timeout, user_agent).await {
         Ok(a) => verdict_of(&a),
-        Err(e) => (Verdict::Failure, e),
+        Err(e) => (Verdict::Failure, e.to_string()),
     })
 }
 
@@ -113,27 +170,27 @@ pub async fn http_status(
     t: &HttpTarget,
     timeout: Duration,
     user_agent: &str,
-) -> Result<u16, String> {
+) -> Result<u16, ProbeError> {
     fetch(t, timeout, user_agent).await.map(|a| a.status)
 }
 
-async fn fetch(t: &HttpTarget, timeout: Duration, user_agent: &str) -> Result<Answer, String> {
-    let first = t.url();
+async fn fetch(t: &HttpTarget, timeout: Duration, user_agent: &str) -> Result<Answer, ProbeError> {
     match tokio::time::timeout(timeout, follow(t, user_agent)).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "Get {first:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)"
-        )),
+        Err(_) => Err(ProbeError::Timeout { url: t.url() }),
     }
 }
 
-async fn follow(t: &HttpTarget, user_agent: &str) -> Result<Answer, String> {
-    let mut url = url::Url::parse(&t.url()).map_err(|e| format!("bad probe url: {e}"))?;
+async fn follow(t: &HttpTarget, user_agent: &str) -> Result<Answer, ProbeError> {
+    let mut url = url::Url::parse(&t.url())?;
     let first_host = url.host_str().unwrap_or_default().to_string();
     for hop in 0.. {
         let a = get_once(&url, &t.headers, user_agent)
             .await
-            .map_err(|e| format!("Get {:?}: {e}", url.as_str()))?;
+            .map_err(|e| ProbeError::Get {
+                url: url.to_string(),
+                source: Box::new(e),
+            })?;
         let redirect = matches!(a.status, 301 | 302 | 303 | 307 | 308);
         if let (true, Some(loc)) = (redirect, &a.location)
             && let Ok(next) = url.join(loc)
@@ -143,10 +200,9 @@ async fn follow(t: &HttpTarget, user_agent: &str) -> Result<Answer, String> {
                 return Ok(a);
             }
             if hop >= 9 {
-                return Err(format!(
-                    "Get {:?}: stopped after 10 redirects",
-                    next.as_str()
-                ));
+                return Err(ProbeError::TooManyRedirects {
+                    url: next.to_string(),
+                });
             }
             url = next;
             continue;
@@ -171,23 +227,22 @@ fn verdict_of(a: &Answer) -> (Verdict, String) {
     }
 }
 
-/// Go's wording of a failed dial, as upstream's messages carry it.
-fn dial_error(addr: &str, e: &std::io::Error) -> String {
-    let what = match e.kind() {
+/// Go's wording of why a dial failed, as upstream's messages carry it.
+fn go_dial_wording(e: &std::io::Error) -> String {
+    match e.kind() {
         std::io::ErrorKind::ConnectionRefused => "connect: connection refused".to_string(),
         std::io::ErrorKind::TimedOut => "i/o timeout".to_string(),
         std::io::ErrorKind::HostUnreachable => "connect: no route to host".to_string(),
         std::io::ErrorKind::NetworkUnreachable => "connect: network is unreachable".to_string(),
         _ => e.to_string().to_lowercase(),
-    };
-    format!("dial tcp {addr}: {what}")
+    }
 }
 
 /// Connects with `SO_LINGER` set, as upstream's probe dialer, so probes
 /// every second leave no sockets in TIME_WAIT. Upstream lingers one second;
 /// here it is zero (the close resets at once), because a lingering close
 /// would block the async thread that drops the socket.
-async fn dial(host: &str, port: u16) -> Result<TcpStream, String> {
+async fn dial(host: &str, port: u16) -> Result<TcpStream, ProbeError> {
     let addr = if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -195,19 +250,28 @@ async fn dial(host: &str, port: u16) -> Result<TcpStream, String> {
     };
     let resolved = tokio::net::lookup_host(&addr)
         .await
-        .map_err(|e| format!("dial tcp {addr}: lookup {host}: {e}"))?
+        .map_err(|source| ProbeError::Lookup {
+            addr: addr.clone(),
+            host: host.into(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("dial tcp {addr}: lookup {host}: no such host"))?;
+        .ok_or_else(|| ProbeError::NoSuchHost {
+            addr: addr.clone(),
+            host: host.into(),
+        })?;
+    let dial = |source| ProbeError::Dial {
+        addr: addr.clone(),
+        source,
+    };
     let sock = if resolved.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
         tokio::net::TcpSocket::new_v6()
     }
-    .map_err(|e| dial_error(&addr, &e))?;
+    .map_err(dial)?;
     let _ = rustix::net::sockopt::set_socket_linger(&sock, Some(Duration::ZERO));
-    sock.connect(resolved)
-        .await
-        .map_err(|e| dial_error(&addr, &e))
+    sock.connect(resolved).await.map_err(dial)
 }
 
 /// TLS without verification, as upstream's probes and hooks
@@ -279,18 +343,22 @@ async fn get_once(
     url: &url::Url,
     headers: &[(String, String)],
     user_agent: &str,
-) -> Result<Answer, String> {
+) -> Result<Answer, ProbeError> {
     let host = url.host_str().unwrap_or_default().trim_matches(['[', ']']);
     let port = url.port_or_known_default().unwrap_or(80);
     let tcp = dial(host, port).await?;
     let req = build_request(url, headers, user_agent)?;
     if url.scheme() == "https" {
-        let name = rustls::pki_types::ServerName::try_from(host.to_string())
-            .map_err(|e| format!("bad host {host:?}: {e}"))?;
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|source| {
+            ProbeError::BadHost {
+                host: host.into(),
+                source,
+            }
+        })?;
         let tls = tokio_rustls::TlsConnector::from(insecure_tls())
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("tls: {e}"))?;
+            .map_err(ProbeError::Tls)?;
         exchange(TokioIo::new(tls), req).await
     } else {
         exchange(TokioIo::new(tcp), req).await
@@ -301,7 +369,7 @@ fn build_request(
     url: &url::Url,
     headers: &[(String, String)],
     user_agent: &str,
-) -> Result<hyper::Request<Empty<Bytes>>, String> {
+) -> Result<hyper::Request<Empty<Bytes>>, ProbeError> {
     let path = match url.query() {
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_string(),
@@ -328,21 +396,18 @@ fn build_request(
         }
         b = b.header(k.as_str(), v.as_str());
     }
-    b.body(Empty::new())
-        .map_err(|e| format!("bad probe request: {e}"))
+    Ok(b.body(Empty::new())?)
 }
 
-async fn exchange<T>(io: T, req: hyper::Request<Empty<Bytes>>) -> Result<Answer, String>
+async fn exchange<T>(io: T, req: hyper::Request<Empty<Bytes>>) -> Result<Answer, ProbeError>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io).await?;
     let driver = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let res = send.send_request(req).await.map_err(|e| e.to_string());
+    let res = send.send_request(req).await.map_err(ProbeError::Http);
     let out = match res {
         Ok(res) => {
             let status = res.status().as_u16();
@@ -381,7 +446,7 @@ pub async fn tcp(host: &str, port: u16, timeout: Duration) -> Outcome {
     let addr = format!("{host}:{port}");
     match tokio::time::timeout(timeout, dial(host, port)).await {
         Ok(Ok(_)) => Ok((Verdict::Success, String::new())),
-        Ok(Err(e)) => Ok((Verdict::Failure, e)),
+        Ok(Err(e)) => Ok((Verdict::Failure, e.to_string())),
         Err(_) => Ok((Verdict::Failure, format!("dial tcp {addr}: i/o timeout"))),
     }
 }
@@ -414,12 +479,16 @@ fn serving_status(s: i32) -> &'static str {
 pub async fn grpc(host: &str, port: u16, service: &str, timeout: Duration) -> Outcome {
     let addr = format!("{host}:{port}");
     let secs = format!("{}s", timeout.as_secs_f64());
+    let bad = |source| ProbeError::BadGrpcAddress {
+        addr: addr.clone(),
+        source,
+    };
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| format!("bad grpc address {addr:?}: {e}"))?
+        .map_err(bad)?
         .connect_timeout(timeout)
         .timeout(timeout)
         .user_agent(PROBE_USER_AGENT)
-        .map_err(|e| e.to_string())?;
+        .map_err(bad)?;
     let channel = match tokio::time::timeout(timeout, endpoint.connect()).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
@@ -526,14 +595,14 @@ mod tests {
         let (port, h) = server(vec![reply("200 OK", "", "fine"), reply("500 Oops", "", "")]).await;
         let t = target(port, "/healthz");
         let ok = http_get(&t, Duration::from_secs(5), PROBE_USER_AGENT).await;
-        assert_eq!(ok, Ok((Verdict::Success, "fine".into())));
+        assert_eq!(ok.unwrap(), (Verdict::Success, "fine".into()));
         let bad = http_get(&t, Duration::from_secs(5), PROBE_USER_AGENT).await;
         assert_eq!(
-            bad,
-            Ok((
+            bad.unwrap(),
+            (
                 Verdict::Failure,
                 "HTTP probe failed with statuscode: 500".into()
-            ))
+            )
         );
         let seen = h.await.unwrap();
         let req = seen[0].to_lowercase();
@@ -561,14 +630,14 @@ mod tests {
         .await;
         let t = target(port, "/start");
         let r = http_get(&t, Duration::from_secs(5), PROBE_USER_AGENT).await;
-        assert_eq!(r, Ok((Verdict::Success, "there".into())));
+        assert_eq!(r.unwrap(), (Verdict::Success, "there".into()));
         let r = http_get(&t, Duration::from_secs(5), PROBE_USER_AGENT).await;
         assert_eq!(
-            r,
-            Ok((
+            r.unwrap(),
+            (
                 Verdict::Warning,
                 "Probe terminated redirects, Response body: moved".into()
-            ))
+            )
         );
     }
 

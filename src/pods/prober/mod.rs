@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::report::Reporter;
-use handlers::{HttpTarget, Outcome, Verdict};
+use handlers::{HttpTarget, Outcome, ProbeError, Verdict};
 
 /// The three probe kinds, spelled as upstream's events spell them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -430,12 +430,12 @@ impl Task {
     /// Runs the handler (retried up to three times on an error, as
     /// upstream) and records upstream's events; `true` for success.
     async fn run_with_retries(&self, timeout: Duration) -> bool {
-        let mut out = Err(String::new());
-        for _ in 0..3 {
-            out = run_handler(&*self.ctx.rt, &self.t, &self.spec, timeout).await;
+        let mut out = run_handler(&*self.ctx.rt, &self.t, &self.spec, timeout).await;
+        for _ in 1..3 {
             if out.is_ok() {
                 break;
             }
+            out = run_handler(&*self.ctx.rt, &self.t, &self.spec, timeout).await;
         }
         let kind = self.kind.as_str();
         let result = match &out {
@@ -468,7 +468,7 @@ impl Task {
 }
 
 /// A port by number or by the name of one of the container's ports.
-pub fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, String> {
+pub fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, ProbeError> {
     let n = match p {
         IntOrString::Int(n) => *n,
         IntOrString::String(name) => c
@@ -477,12 +477,12 @@ pub fn resolve_port(p: &IntOrString, c: &Container) -> Result<u16, String> {
             .flatten()
             .find(|cp| cp.name.as_deref() == Some(name.as_str()))
             .map(|cp| cp.container_port)
-            .ok_or_else(|| format!("port {name:?} not found"))?,
+            .ok_or_else(|| ProbeError::PortNotFound(name.clone()))?,
     };
     u16::try_from(n)
         .ok()
         .filter(|n| *n > 0)
-        .ok_or_else(|| format!("invalid port number: {n}"))
+        .ok_or(ProbeError::BadPort(n))
 }
 
 /// The HTTP target of an `httpGet` action: the host defaults to the pod IP.
@@ -490,7 +490,7 @@ pub fn http_target(
     g: &k8s_openapi::api::core::v1::HTTPGetAction,
     c: &Container,
     pod_ip: &str,
-) -> Result<HttpTarget, String> {
+) -> Result<HttpTarget, ProbeError> {
     Ok(HttpTarget {
         scheme: g.scheme.as_deref().unwrap_or("HTTP").to_lowercase(),
         host: g
@@ -535,15 +535,14 @@ async fn run_handler(rt: &dyn Runtime, t: &Target, p: &Probe, timeout: Duration)
         let port = u16::try_from(g.port)
             .ok()
             .filter(|p| *p > 0)
-            .ok_or_else(|| format!("invalid port number: {}", g.port))?;
+            .ok_or(ProbeError::BadPort(g.port))?;
         let service = g.service.clone().unwrap_or_default();
         return handlers::grpc(&t.pod_ip, port, &service, timeout).await;
     }
-    Err(format!(
-        "missing probe handler for {}:{}",
-        crate::pods::util::pod_name(&t.pod),
-        t.container.name
-    ))
+    Err(ProbeError::NoHandler {
+        pod: crate::pods::util::pod_name(&t.pod),
+        container: t.container.name.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -605,17 +604,15 @@ mod tests {
             "name": "c", "ports": [{"name": "http", "containerPort": 8080}]
         }))
         .unwrap();
-        assert_eq!(resolve_port(&IntOrString::Int(81), &c), Ok(81));
+        let port = |p| resolve_port(&p, &c).map_err(|e| e.to_string());
+        assert_eq!(port(IntOrString::Int(81)), Ok(81));
+        assert_eq!(port(IntOrString::String("http".into())), Ok(8080));
         assert_eq!(
-            resolve_port(&IntOrString::String("http".into()), &c),
-            Ok(8080)
-        );
-        assert_eq!(
-            resolve_port(&IntOrString::String("nope".into()), &c),
+            port(IntOrString::String("nope".into())),
             Err("port \"nope\" not found".into())
         );
         assert_eq!(
-            resolve_port(&IntOrString::Int(70000), &c),
+            port(IntOrString::Int(70000)),
             Err("invalid port number: 70000".into())
         );
     }

@@ -22,31 +22,46 @@ pub struct FileProjection {
     pub mode: u32,
 }
 
+/// A projected file's path refused, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidPath {
+    #[error("invalid path: must not be empty: \"\"")]
+    Empty,
+    #[error("invalid path: must be relative path: {0}")]
+    Absolute(String),
+    #[error("invalid path: must be less than or equal to 4096 characters")]
+    TooLong,
+    #[error("invalid path: must not contain '..': {0}")]
+    DotDot(String),
+    #[error("invalid path: filenames must be less than or equal to 255 characters")]
+    NameTooLong,
+    #[error("invalid path: must not start with '..': {0}")]
+    StartsWithDotDot(String),
+}
+
 /// Upstream's path rules: relative, no `..` component, not starting with
 /// `..`, components of at most 255 bytes, at most 4096 bytes in all.
-pub fn validate_path(p: &str) -> Result<(), String> {
+pub fn validate_path(p: &str) -> Result<(), InvalidPath> {
     if p.is_empty() {
-        return Err(format!("invalid path: must not be empty: {p:?}"));
+        return Err(InvalidPath::Empty);
     }
     if p.starts_with('/') {
-        return Err(format!("invalid path: must be relative path: {p}"));
+        return Err(InvalidPath::Absolute(p.into()));
     }
     if p.len() > 4096 {
-        return Err("invalid path: must be less than or equal to 4096 characters".into());
+        return Err(InvalidPath::TooLong);
     }
     let items: Vec<&str> = p.split('/').collect();
     for i in &items {
         if *i == ".." {
-            return Err(format!("invalid path: must not contain '..': {p}"));
+            return Err(InvalidPath::DotDot(p.into()));
         }
         if i.len() > 255 {
-            return Err(
-                "invalid path: filenames must be less than or equal to 255 characters".into(),
-            );
+            return Err(InvalidPath::NameTooLong);
         }
     }
     if items[0].starts_with("..") && items[0].len() > 2 {
-        return Err(format!("invalid path: must not start with '..': {p}"));
+        return Err(InvalidPath::StartsWithDotDot(p.into()));
     }
     Ok(())
 }

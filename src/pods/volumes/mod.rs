@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use super::objects::{Object, ObjectCache, Subscription};
 use crate::pods::util::NodeFacts;
-use crate::pods::util::ObjectKind;
+use crate::pods::util::{ObjectError, ObjectKind};
 use render::Payload;
 
 /// What the volumes of a node's pods read from the API server.
@@ -140,7 +140,7 @@ pub enum SetUpError {
     /// The API server could not be asked for an object, and no copy is
     /// kept.
     #[error("{0}")]
-    Unreachable(String),
+    Unreachable(ObjectError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,

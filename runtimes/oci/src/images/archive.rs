@@ -350,36 +350,7 @@ impl ImageStore {
                 "layer count differs from the config's diff_ids",
             ));
         }
-        let mut recs = Vec::new();
-        let mut descs = Vec::new();
-        // Blobs this import brought in: a refused import (a layer over the
-        // limits or the imagefs reserve) takes them out again.
-        let mut brought = Vec::new();
-        for ((path, digest), diff) in layers.iter().zip(&cfg.rootfs.diff_ids) {
-            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-            let media = layer_media_type(path);
-            // Spooled into this store's tmp: the commit is a rename.
-            if path.exists() {
-                let blob = self.blob_path(digest)?;
-                if !blob.exists() {
-                    brought.push(blob);
-                }
-                self.commit_blob(path, digest)?;
-            }
-            let rec = LayerRecord {
-                blob: digest.clone(),
-                diff_id: diff.clone(),
-                size,
-            };
-            if let Err(e) = self.ensure_layer(&label, &rec) {
-                for b in &brought {
-                    let _ = std::fs::remove_file(b);
-                }
-                return Err(e);
-            }
-            descs.push(serde_json::json!({"mediaType": media, "digest": digest, "size": size}));
-            recs.push(rec);
-        }
+        let (recs, descs) = self.commit_layers(&label, &layers, &cfg.rootfs.diff_ids)?;
         self.write_blob(&cbytes)?;
         let mbytes = match manifest {
             Some(m) => m,
@@ -404,18 +375,56 @@ impl ImageStore {
             .map(|r| format!("{}/{}@{manifest_digest}", r.registry(), r.repository()))
             .collect();
         let now = super::now_secs();
-        self.commit_image(
-            ImageRecord {
-                id: config_digest.into(),
-                manifest: manifest_digest,
-                repo_digests,
-                layers: recs,
+        let rec = ImageRecord {
+            id: config_digest.into(),
+            manifest: manifest_digest,
+            repo_digests,
+            layers: recs,
+            size,
+            created: now,
+            last_used: now,
+        };
+        self.commit_image(rec, names)
+    }
+
+    /// Commits the spooled layers as blobs and unpacks each: their records
+    /// and manifest descriptors. A refused layer (over the limits or the
+    /// imagefs reserve) takes out the blobs this import brought in.
+    fn commit_layers(
+        &self,
+        label: &str,
+        layers: &[(PathBuf, String)],
+        diff_ids: &[String],
+    ) -> Result<(Vec<LayerRecord>, Vec<serde_json::Value>), ImageError> {
+        let mut recs = Vec::new();
+        let mut descs = Vec::new();
+        let mut brought = Vec::new();
+        for ((path, digest), diff) in layers.iter().zip(diff_ids) {
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            let media = layer_media_type(path);
+            // Spooled into this store's tmp: the commit is a rename.
+            if path.exists() {
+                let blob = self.blob_path(digest)?;
+                if !blob.exists() {
+                    brought.push(blob);
+                }
+                self.commit_blob(path, digest)?;
+            }
+            let rec = LayerRecord {
+                blob: digest.clone(),
+                diff_id: diff.clone(),
                 size,
-                created: now,
-                last_used: now,
-            },
-            names,
-        )
+            };
+            if let Err(e) = self.ensure_layer(label, &rec) {
+                for b in &brought {
+                    let _ = std::fs::remove_file(b);
+                }
+                return Err(e);
+            }
+            descs.push(serde_json::json!({"mediaType": media, "digest": digest, "size": size}));
+            recs.push(rec);
+        }
+        Ok((recs, descs))
     }
 }
 

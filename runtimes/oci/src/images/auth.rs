@@ -64,30 +64,69 @@ pub struct Endpoint {
     pub insecure: bool,
 }
 
+/// What is wrong with `registries.yaml`, or with a CA file it names.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistriesError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Parse {
+        path: std::path::PathBuf,
+        source: Box<serde_saphyr::Error>,
+    },
+    /// A `tls.ca_file` that cannot be read, at start.
+    #[error("{}: configs.{host}.tls.ca_file: {file}: {source}", path.display())]
+    CaFile {
+        path: std::path::PathBuf,
+        host: String,
+        file: String,
+        source: std::io::Error,
+    },
+    /// The same, at a pull (the file went since).
+    #[error("registry {host}: ca_file {file}: {source}")]
+    CaFileGone {
+        host: String,
+        file: String,
+        source: std::io::Error,
+    },
+}
+
 impl RegistriesConfig {
     /// Reads the file; a missing file means no configuration.
-    pub fn load(path: &Path) -> Result<Self, String> {
+    pub fn load(path: &Path) -> Result<Self, RegistriesError> {
         match std::fs::read_to_string(path) {
             Ok(text) if text.trim().is_empty() => Ok(Self::default()),
             Ok(text) => {
-                let cfg: Self = serde_saphyr::from_str(&text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                cfg.check_files()
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let cfg: Self =
+                    serde_saphyr::from_str(&text).map_err(|e| RegistriesError::Parse {
+                        path: path.into(),
+                        source: Box::new(e),
+                    })?;
+                cfg.check_files(path)?;
                 Ok(cfg)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Err(source) => Err(RegistriesError::Read {
+                path: path.into(),
+                source,
+            }),
         }
     }
 
     /// Every `tls.ca_file` named must be readable now, so that a typo is
     /// said at start, not at the first pull.
-    fn check_files(&self) -> Result<(), String> {
+    fn check_files(&self, path: &Path) -> Result<(), RegistriesError> {
         for (host, c) in &self.configs {
             if let Some(f) = c.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
-                std::fs::File::open(f)
-                    .map_err(|e| format!("configs.{host}.tls.ca_file: {f}: {e}"))?;
+                std::fs::File::open(f).map_err(|source| RegistriesError::CaFile {
+                    path: path.into(),
+                    host: host.clone(),
+                    file: f.clone(),
+                    source,
+                })?;
             }
         }
         Ok(())
@@ -95,7 +134,7 @@ impl RegistriesConfig {
 
     /// The endpoints to try for `registry`, mirrors first. Hosts on loopback
     /// speak plain HTTP unless configured otherwise, as containerd allows.
-    pub fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, String> {
+    pub fn endpoints(&self, registry: &str) -> Result<Vec<Endpoint>, RegistriesError> {
         let mut out = Vec::new();
         if let Some(m) = self.mirrors.get(registry) {
             for e in &m.endpoint {
@@ -121,12 +160,16 @@ impl RegistriesConfig {
         Ok(out)
     }
 
-    fn endpoint(&self, host: &str, plain: Option<bool>) -> Result<Endpoint, String> {
+    fn endpoint(&self, host: &str, plain: Option<bool>) -> Result<Endpoint, RegistriesError> {
         let cfg = self.configs.get(host).cloned().unwrap_or_default();
         let ca_pem = match cfg.tls.as_ref().and_then(|t| t.ca_file.as_ref()) {
-            Some(f) => {
-                Some(std::fs::read(f).map_err(|e| format!("registry {host}: ca_file {f}: {e}"))?)
-            }
+            Some(f) => Some(
+                std::fs::read(f).map_err(|source| RegistriesError::CaFileGone {
+                    host: host.into(),
+                    file: f.clone(),
+                    source,
+                })?,
+            ),
             None => None,
         };
         Ok(Endpoint {
@@ -192,7 +235,7 @@ mod tests {
             "configs:\n  reg.local:\n    tls: {ca_file: /nonexistent/ca.pem}\n",
         )
         .unwrap();
-        let e = RegistriesConfig::load(&f).unwrap_err();
+        let e = RegistriesConfig::load(&f).unwrap_err().to_string();
         assert!(
             e.contains("configs.reg.local.tls.ca_file: /nonexistent/ca.pem"),
             "{e}"

@@ -268,9 +268,9 @@ impl Puller {
         let endpoints = self
             .config
             .endpoints(r.registry())
-            .map_err(|m| ImageError::Invalid {
+            .map_err(|e| ImageError::Invalid {
                 image: name.clone(),
-                message: m,
+                message: e.to_string(),
             })?;
         let mut first: Option<ImageError> = None;
         let n = endpoints.len();

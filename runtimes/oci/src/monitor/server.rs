@@ -14,7 +14,7 @@ use kinglet_runtime::podcgroup::Hierarchy;
 use super::adopt::{self, Adopted};
 use super::logs::{LineSplitter, LogFile};
 use super::{ContainerRecord, ErrorKind, Event, Request, Response, socket_path};
-use crate::container;
+use crate::container::{self, ContainerError};
 use crate::procid::{self, Identity};
 
 fn now_nanos() -> i64 {
@@ -54,6 +54,7 @@ struct Monitor {
     /// Containers taken over from an earlier monitor (not our children).
     adopted: Vec<Adopted>,
     boot_id: String,
+    procs: Box<dyn Processes>,
 }
 
 /// One attached reader of a container's stdout or stderr.
@@ -63,23 +64,157 @@ struct Tap {
     fd: OwnedFd,
 }
 
+/// The monitor's process work: libcontainer's operations on containers
+/// and the kernel's wait and kill. [`Kernel`] does them; the tests'
+/// recording fake plays the exits instead, so the monitor's bookkeeping
+/// (records, statuses, exit codes, what is persisted and announced) is
+/// tested without processes. Exec and attach stay on the real path,
+/// tested end to end.
+pub(crate) trait Processes {
+    /// Creates the container; its init waits for `start`. The init pid.
+    fn create(
+        &mut self,
+        state_root: &Path,
+        id: &str,
+        bundle: &Path,
+        stdio: [OwnedFd; 3],
+    ) -> Result<i32, ContainerError>;
+    fn start(&mut self, state_root: &Path, id: &str) -> Result<(), ContainerError>;
+    fn kill(&mut self, state_root: &Path, id: &str, signal: i32) -> Result<(), ContainerError>;
+    fn delete(&mut self, state_root: &Path, id: &str) -> Result<(), ContainerError>;
+    /// Removes the state of a container known to have exited.
+    fn forget(&mut self, state_root: &Path, id: &str, bundle: &Path) -> Result<(), ContainerError>;
+    /// One exited child and its wait status, without waiting.
+    fn wait_any(&mut self) -> Option<(i32, i32)>;
+    /// SIGKILL to a child not yet reaped (an abandoned exec).
+    fn kill_child(&mut self, pid: i32);
+}
+
+/// The real process work: libcontainer and the kernel.
+struct Kernel;
+
+impl Processes for Kernel {
+    fn create(
+        &mut self,
+        state_root: &Path,
+        id: &str,
+        bundle: &Path,
+        [stdin, stdout, stderr]: [OwnedFd; 3],
+    ) -> Result<i32, ContainerError> {
+        container::create(state_root, id, bundle, stdin, stdout, stderr)
+    }
+
+    fn start(&mut self, state_root: &Path, id: &str) -> Result<(), ContainerError> {
+        container::start(state_root, id)
+    }
+
+    fn kill(&mut self, state_root: &Path, id: &str, signal: i32) -> Result<(), ContainerError> {
+        container::kill(state_root, id, signal)
+    }
+
+    fn delete(&mut self, state_root: &Path, id: &str) -> Result<(), ContainerError> {
+        container::delete(state_root, id)
+    }
+
+    fn forget(&mut self, state_root: &Path, id: &str, bundle: &Path) -> Result<(), ContainerError> {
+        container::forget(state_root, id, bundle)
+    }
+
+    fn wait_any(&mut self) -> Option<(i32, i32)> {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid status pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        (pid > 0).then_some((pid, status))
+    }
+
+    fn kill_child(&mut self, pid: i32) {
+        // SAFETY: kill(2) on our own child, not yet reaped (reaping removes
+        // it from the monitor's lists), so the pid is not reused.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// A new container's pipes: its output FIFOs (read ends here, write ends
+/// the container's), which it holds read-write so that it outlives this
+/// monitor (see `adopt`), and its stdin: a pipe whose write end stays
+/// here, or `/dev/null`.
+struct Pipes {
+    out: OwnedFd,
+    out_w: OwnedFd,
+    err: OwnedFd,
+    err_w: OwnedFd,
+    input: OwnedFd,
+    input_w: Option<OwnedFd>,
+}
+
+/// What one request was answered, and what its connection becomes.
+struct Answered {
+    resp: Response,
+    /// A descriptor sent with the answer (a terminal, a stdin pipe).
+    send_fd: Option<OwnedFd>,
+    /// The connection now waits for this exec's exit.
+    exec_pid: Option<i32>,
+    /// The connection now receives events.
+    watch: bool,
+}
+
+/// Writes one answer line, blocking (the client reads it at once), with
+/// `fd` passed beside it.
+fn reply(sock: &mut UnixStream, resp: &Response, fd: Option<OwnedFd>) {
+    let mut out = serde_json::to_vec(resp).unwrap_or_default();
+    out.push(b'\n');
+    let _ = sock.set_nonblocking(false);
+    match fd {
+        Some(t) => send_with_fd(sock, &out, &t),
+        None => {
+            let _ = sock.write_all(&out);
+        }
+    }
+    let _ = sock.set_nonblocking(true);
+}
+
+/// Why the monitor could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{}: {source}", path.display())]
+    Dir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{call}: {source}")]
+    Sys {
+        call: &'static str,
+        source: std::io::Error,
+    },
+}
+
+fn sys(call: &'static str) -> impl FnOnce(std::io::Error) -> ServeError {
+    move |source| ServeError::Sys { call, source }
+}
+
+fn last_os(call: &'static str) -> ServeError {
+    sys(call)(std::io::Error::last_os_error())
+}
+
 /// Serves `dir` unless a monitor already does. Forks at once: the child
 /// becomes the daemon (a session leader and subreaper, logging to
 /// `dir/monitor.log`), takes the dir's lock, binds the socket and tells the
 /// parent, which returns then (the socket already accepts). Two monitors
 /// started at once for one dir (kinglet at start and its event task, or two
 /// kinglets) end as one: the second child finds the lock taken and exits.
-pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir.join("records")).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let sock = socket_path(dir);
+pub fn daemonize_and_serve(dir: &Path) -> Result<(), ServeError> {
+    std::fs::create_dir_all(dir.join("records")).map_err(|source| ServeError::Dir {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     // No ping first: the lock decides, and a ping can hang on a dead
     // monitor's socket that a forked container init still holds open.
-    let (ready_r, ready_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| e.to_string())?;
+    let (ready_r, ready_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| sys("pipe")(e.into()))?;
     // SAFETY: this process is single-threaded here (the `monitor` command
     // runs before any runtime or thread exists), so fork is safe.
     match unsafe { libc::fork() } {
-        -1 => return Err(format!("fork: {}", std::io::Error::last_os_error())),
+        -1 => return Err(last_os("fork")),
         0 => {}
         _ => {
             // One byte once the child serves; the end of file if it found
@@ -94,6 +229,7 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
     let Some(_lock) = lock_dir(dir) else {
         std::process::exit(0);
     };
+    let sock = socket_path(dir);
     let _ = std::fs::remove_file(&sock);
     let listener = match UnixListener::bind(&sock).and_then(|l| {
         l.set_nonblocking(true)?;
@@ -107,6 +243,28 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
     };
     let _ = rustix::io::write(&ready_w, b"1");
     drop(ready_w);
+    become_daemon(dir);
+    let mut m = Monitor::new(dir);
+    m.load();
+    eprintln!(
+        "{} monitor {} serving {}",
+        jiff::Timestamp::now(),
+        std::process::id(),
+        sock.display()
+    );
+    match m.serve(listener) {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            eprintln!("{} monitor failed: {e}", jiff::Timestamp::now());
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The forked child's daemon setup: a session of its own, the subreaper
+/// of the containers it starts, SIGPIPE ignored, its output to
+/// `dir/monitor.log` and its input from `/dev/null`.
+fn become_daemon(dir: &Path) {
     // SAFETY: plain syscalls in the child.
     unsafe {
         libc::setsid();
@@ -128,34 +286,6 @@ pub fn daemonize_and_serve(dir: &Path) -> Result<(), String> {
         // SAFETY: as above, stdin.
         unsafe { libc::dup2(null.as_raw_fd(), 0) };
     }
-    let mut m = Monitor {
-        dir: dir.to_path_buf(),
-        state_root: dir.join("state"),
-        records: BTreeMap::new(),
-        pids: HashMap::new(),
-        streams: Vec::new(),
-        logs: HashMap::new(),
-        watchers: Vec::new(),
-        execs: Vec::new(),
-        stdins: HashMap::new(),
-        taps: Vec::new(),
-        adopted: Vec::new(),
-        boot_id: procid::boot_id(),
-    };
-    m.load();
-    eprintln!(
-        "{} monitor {} serving {}",
-        jiff::Timestamp::now(),
-        std::process::id(),
-        sock.display()
-    );
-    match m.serve(listener) {
-        Ok(()) => std::process::exit(0),
-        Err(e) => {
-            eprintln!("{} monitor failed: {e}", jiff::Timestamp::now());
-            std::process::exit(1);
-        }
-    }
 }
 
 /// The dir's lock: a POSIX record lock, held by this process alone (a
@@ -169,18 +299,18 @@ fn lock_dir(dir: &Path) -> Option<std::fs::File> {
     (r == 0).then_some(f)
 }
 
-fn signalfd_chld() -> Result<OwnedFd, String> {
+fn signalfd_chld() -> Result<OwnedFd, ServeError> {
     // SAFETY: standard sigset/sigprocmask/signalfd use; the fd is owned below.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
         if libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err("sigprocmask failed".into());
+            return Err(last_os("sigprocmask"));
         }
         let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
         if fd < 0 {
-            return Err(format!("signalfd: {}", std::io::Error::last_os_error()));
+            return Err(last_os("signalfd"));
         }
         Ok(std::os::fd::FromRawFd::from_raw_fd(fd))
     }
@@ -303,6 +433,30 @@ fn not_found(id: &str) -> Response {
 }
 
 impl Monitor {
+    /// A monitor of `dir` with nothing loaded yet.
+    fn new(dir: &Path) -> Self {
+        Self::with(dir, Box::new(Kernel))
+    }
+
+    /// The same, with `procs` doing its process work.
+    fn with(dir: &Path, procs: Box<dyn Processes>) -> Self {
+        Monitor {
+            dir: dir.to_path_buf(),
+            state_root: dir.join("state"),
+            records: BTreeMap::new(),
+            pids: HashMap::new(),
+            streams: Vec::new(),
+            logs: HashMap::new(),
+            watchers: Vec::new(),
+            execs: Vec::new(),
+            stdins: HashMap::new(),
+            taps: Vec::new(),
+            adopted: Vec::new(),
+            boot_id: procid::boot_id(),
+            procs,
+        }
+    }
+
     /// Tells every watcher that `id` is now `status`. A watcher whose socket
     /// would block (it stopped reading) or is gone is dropped: it reconnects
     /// and relists, so nothing is lost, and the monitor never waits on it.
@@ -395,13 +549,13 @@ impl Monitor {
             if self.records.contains_key(&id) {
                 continue;
             }
-            let gone = container::delete(&self.state_root, &id).or_else(|_| {
+            let gone = self.procs.delete(&self.state_root, &id).or_else(|_| {
                 let state: serde_json::Value = std::fs::read(e.path().join("state.json"))
                     .ok()
                     .and_then(|b| serde_json::from_slice(&b).ok())
                     .unwrap_or_default();
                 let bundle = PathBuf::from(state["bundle"].as_str().unwrap_or_default());
-                container::forget(&self.state_root, &id, &bundle)
+                self.procs.forget(&self.state_root, &id, &bundle)
             });
             eprintln!(
                 "{} container {id} was never recorded (a monitor died creating it): removed{}",
@@ -504,7 +658,7 @@ impl Monitor {
         }
     }
 
-    fn serve(&mut self, listener: UnixListener) -> Result<(), String> {
+    fn serve(&mut self, listener: UnixListener) -> Result<(), ServeError> {
         let sigfd = signalfd_chld()?;
         let mut clients: Vec<Client> = Vec::new();
         loop {
@@ -533,7 +687,7 @@ impl Monitor {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(format!("poll: {e}"));
+                return Err(sys("poll")(e));
             }
             let ready = |i: usize| fds.get(i).is_some_and(|f| f.revents != 0);
             let (nc, ns, nw) = (clients.len(), self.streams.len(), self.watchers.len());
@@ -645,9 +799,7 @@ impl Monitor {
             };
             i += 1;
             if gone {
-                // SAFETY: kill(2) on our own child, not yet reaped (reaping
-                // removes it from this list), so the pid is not reused.
-                unsafe { libc::kill(*pid, libc::SIGKILL) };
+                self.procs.kill_child(*pid);
             }
             !gone
         });
@@ -738,73 +890,21 @@ impl Monitor {
             }
             while let Some(nl) = c.buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = c.buf.drain(..=nl).collect();
-                let req = serde_json::from_slice::<Request>(&line);
-                let watch = matches!(req, Ok(Request::Watch));
-                let mut exec_pid = None;
-                let mut send_fd: Option<OwnedFd> = None;
-                let resp = match req {
-                    Ok(Request::Exec {
-                        id,
-                        args,
-                        tty: true,
-                    }) => match self.exec_tty(&id, args) {
-                        Ok((pid, master)) => {
-                            exec_pid = Some(pid);
-                            send_fd = Some(master);
-                            Response::Exec { pid }
-                        }
-                        Err(r) => *r,
-                    },
-                    Ok(Request::Attach { id }) => {
-                        match self.attach(&id, std::mem::take(&mut c.fds)) {
-                            Ok(stdin) => {
-                                let r = Response::Attached {
-                                    stdin: stdin.is_some(),
-                                };
-                                send_fd = stdin;
-                                r
-                            }
-                            Err(r) => *r,
-                        }
-                    }
-                    Ok(Request::Exec { id, args, .. }) => {
-                        match self.exec(&id, args, std::mem::take(&mut c.fds)) {
-                            Ok(pid) => {
-                                exec_pid = Some(pid);
-                                Response::Exec { pid }
-                            }
-                            Err(r) => *r,
-                        }
-                    }
-                    Ok(req) => self.handle(req),
-                    Err(e) => failed(format!("bad request: {e}")),
-                };
+                let a = self.answer(&line, &mut c.fds);
                 // Descriptors not taken by an exec are not kept around.
                 c.fds.clear();
-                let mut out = serde_json::to_vec(&resp).unwrap_or_default();
-                out.push(b'\n');
-                let _ = c.sock.set_nonblocking(false);
-                match send_fd.take() {
-                    Some(t) => send_with_fd(&c.sock, &out, &t),
-                    None => {
-                        let _ = c.sock.write_all(&out);
-                    }
-                }
-                let _ = c.sock.set_nonblocking(true);
-                if watch {
+                reply(&mut c.sock, &a.resp, a.send_fd);
+                if a.watch {
                     if let Ok(w) = c.sock.try_clone() {
                         self.watchers.push(w);
                     }
                     gone[i] = true;
                     break;
                 }
-                if let Some(pid) = exec_pid {
+                if let Some(pid) = a.exec_pid {
                     match c.sock.try_clone() {
                         Ok(w) => self.execs.push((pid, w)),
-                        // SAFETY: as in kill_abandoned_execs.
-                        Err(_) => unsafe {
-                            libc::kill(pid, libc::SIGKILL);
-                        },
+                        Err(_) => self.procs.kill_child(pid),
                     }
                     gone[i] = true;
                     break;
@@ -818,16 +918,54 @@ impl Monitor {
         });
     }
 
+    /// Answers one request line; `fds` are the descriptors it came with.
+    fn answer(&mut self, line: &[u8], fds: &mut Vec<OwnedFd>) -> Answered {
+        let req = serde_json::from_slice::<Request>(line);
+        let mut a = Answered {
+            resp: Response::Ok,
+            send_fd: None,
+            exec_pid: None,
+            watch: matches!(req, Ok(Request::Watch)),
+        };
+        a.resp = match req {
+            Ok(Request::Exec {
+                id,
+                args,
+                tty: true,
+            }) => match self.exec_tty(&id, args) {
+                Ok((pid, master)) => {
+                    a.exec_pid = Some(pid);
+                    a.send_fd = Some(master);
+                    Response::Exec { pid }
+                }
+                Err(r) => *r,
+            },
+            Ok(Request::Attach { id }) => match self.attach(&id, std::mem::take(fds)) {
+                Ok(stdin) => {
+                    a.send_fd = stdin;
+                    Response::Attached {
+                        stdin: a.send_fd.is_some(),
+                    }
+                }
+                Err(r) => *r,
+            },
+            Ok(Request::Exec { id, args, .. }) => match self.exec(&id, args, std::mem::take(fds)) {
+                Ok(pid) => {
+                    a.exec_pid = Some(pid);
+                    Response::Exec { pid }
+                }
+                Err(r) => *r,
+            },
+            Ok(req) => self.handle(req),
+            Err(e) => failed(format!("bad request: {e}")),
+        };
+        a
+    }
+
     /// Collects exited children; records exit code, signal and OOM kill.
     fn reap(&mut self) {
         let mut exited = Vec::new();
-        loop {
-            let mut status = 0;
-            // SAFETY: waitpid with a valid status pointer.
-            let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-            if pid <= 0 {
-                break;
-            }
+        while let Some((pid, status)) = self.procs.wait_any() {
             if let Some(at) = self.execs.iter().position(|(p, _)| *p == pid) {
                 let (_, mut conn) = self.execs.swap_remove(at);
                 let exit_code = exit_code_of(status);
@@ -896,7 +1034,7 @@ impl Monitor {
             Request::Kill { id, signal } => match self.records.get(&id) {
                 None => not_found(&id),
                 Some(r) if r.status == "exited" => Response::Ok,
-                Some(_) => match container::kill(&self.state_root, &id, signal) {
+                Some(_) => match self.procs.kill(&self.state_root, &id, signal) {
                     Ok(()) => Response::Ok,
                     Err(e) => failed(e.to_string()),
                 },
@@ -935,22 +1073,7 @@ impl Monitor {
                 kind: ErrorKind::AlreadyExists,
             };
         }
-        // Output through FIFOs the container holds read-write, so that it
-        // outlives this monitor (see `adopt`).
-        let pipes = (|| -> std::io::Result<_> {
-            let (or, ow) = adopt::make_fifo(&adopt::fifo_path(&self.dir, &id, "stdout"))?;
-            let (er, ew) = adopt::make_fifo(&adopt::fifo_path(&self.dir, &id, "stderr"))?;
-            // The container's stdin: a pipe whose write end stays here.
-            let input: (OwnedFd, Option<OwnedFd>) = match stdin {
-                Some(_) => {
-                    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-                    (r, Some(w))
-                }
-                None => (std::fs::File::open("/dev/null")?.into(), None),
-            };
-            Ok((or, ow, er, ew, input))
-        })();
-        let (or, ow, er, ew, (input, input_w)) = match pipes {
+        let p = match self.pipes(&id, stdin.is_some()) {
             Ok(p) => p,
             Err(e) => return failed(format!("output fifos: {e}")),
         };
@@ -959,13 +1082,17 @@ impl Monitor {
             Err(e) => return failed(format!("log {}: {e}", log_path.display())),
         };
         let oom_file = oom_file_for(&bundle);
-        let pid = match container::create(&self.state_root, &id, &bundle, input, ow, ew) {
-            Ok(p) => p,
-            Err(e) => {
-                self.remove_fifos(&id);
-                return failed(e.to_string());
-            }
-        };
+        let pid =
+            match self
+                .procs
+                .create(&self.state_root, &id, &bundle, [p.input, p.out_w, p.err_w])
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    self.remove_fifos(&id);
+                    return failed(e.to_string());
+                }
+            };
         let before = oom_file.as_deref().map_or(0, oom_kills);
         let who = Identity::of(pid);
         let r = ContainerRecord {
@@ -985,10 +1112,10 @@ impl Monitor {
         };
         self.pids.insert(pid, id.clone());
         self.logs.insert(id.clone(), log);
-        if let (Some(w), Some(once)) = (input_w, stdin) {
+        if let (Some(w), Some(once)) = (p.input_w, stdin) {
             self.stdins.insert(id.clone(), (w, once));
         }
-        for (fd, name) in [(or, "stdout"), (er, "stderr")] {
+        for (fd, name) in [(p.out, "stdout"), (p.err, "stderr")] {
             self.streams.push(Stream {
                 fd,
                 id: id.clone(),
@@ -1002,11 +1129,31 @@ impl Monitor {
         Response::Record { record: r }
     }
 
+    /// A new container's pipes (see [`Pipes`]).
+    fn pipes(&self, id: &str, stdin: bool) -> std::io::Result<Pipes> {
+        let (out, out_w) = adopt::make_fifo(&adopt::fifo_path(&self.dir, id, "stdout"))?;
+        let (err, err_w) = adopt::make_fifo(&adopt::fifo_path(&self.dir, id, "stderr"))?;
+        let (input, input_w) = if stdin {
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+            (r, Some(w))
+        } else {
+            (std::fs::File::open("/dev/null")?.into(), None)
+        };
+        Ok(Pipes {
+            out,
+            out_w,
+            err,
+            err_w,
+            input,
+            input_w,
+        })
+    }
+
     fn start(&mut self, id: &str) -> Response {
         if !self.records.contains_key(id) {
             return not_found(id);
         }
-        if let Err(e) = container::start(&self.state_root, id) {
+        if let Err(e) = self.procs.start(&self.state_root, id) {
             return failed(e.to_string());
         }
         let Some(r) = self.records.get_mut(id) else {
@@ -1029,7 +1176,7 @@ impl Monitor {
     }
 
     fn delete(&mut self, id: &str) -> Response {
-        if let Err(e) = container::delete(&self.state_root, id) {
+        if let Err(e) = self.procs.delete(&self.state_root, id) {
             // libcontainer judges by the pid in its state: after a reboot
             // that pid may name another process, or the cgroup it kills
             // through is gone. A container we know has exited is only
@@ -1039,7 +1186,7 @@ impl Monitor {
                 r => r.map(|r| r.bundle.clone()).unwrap_or_default(),
             };
             eprintln!("{} {e}: removing its state", jiff::Timestamp::now());
-            if let Err(e) = container::forget(&self.state_root, id, &bundle) {
+            if let Err(e) = self.procs.forget(&self.state_root, id, &bundle) {
                 return failed(e.to_string());
             }
         }
@@ -1058,3 +1205,6 @@ impl Monitor {
         Response::Ok
     }
 }
+
+#[cfg(test)]
+mod tests;
