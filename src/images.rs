@@ -1,6 +1,6 @@
 //! kinglet's side of the image store: the `kinglet images` commands and
 //! the import directory watched for archives (inotify, no polling). Image
-//! garbage collection is the pod lifecycle's ([`crate::pods::image_gc`]),
+//! garbage collection is the pod lifecycle's ([`crate::pods::images::gc`]),
 //! over the runtime, for both runtimes.
 
 use std::path::{Path, PathBuf};

@@ -32,7 +32,7 @@ pub struct Kubelet {
     /// read them.
     pressure: Arc<crate::eviction::Pressure>,
     /// Image GC, shared with the eviction manager's disk reclaim.
-    image_gc: Option<Arc<tokio::sync::Mutex<pods::image_gc::ImageGc>>>,
+    image_gc: Option<Arc<tokio::sync::Mutex<pods::images::gc::ImageGc>>>,
     /// Where image GC finds the node's pods (their images are pinned).
     gc_pods: Option<Arc<std::sync::OnceLock<pods::StatusView>>>,
     /// The runtime, and the in-process one itself when it is that: only
@@ -190,7 +190,7 @@ impl Kubelet {
         let mut writer = None;
         if let Some(client) = &client {
             sources.push("api");
-            let (w, task) = pods::api_writer::ApiWriter::start(
+            let (w, task) = pods::status::api_writer::ApiWriter::start(
                 client.clone(),
                 s.node_name.clone(),
                 self.shutdown.clone(),
@@ -288,14 +288,14 @@ impl Kubelet {
         s: &Settings,
         client: Option<kube::Client>,
         store: Option<Arc<crate::store::LocalStore>>,
-        pod_tx: tokio::sync::mpsc::Sender<pods::sources::SourceUpdate>,
+        pod_tx: tokio::sync::mpsc::Sender<pods::config::SourceUpdate>,
     ) {
         if let Some(client) = client {
-            let checkpoint = pods::api::Checkpoint {
+            let checkpoint = pods::config::api::Checkpoint {
                 store,
                 legacy: s.root_dir.join("pods").join("api-checkpoint.json"),
             };
-            let watch = pods::api::watch(
+            let watch = pods::config::api::watch(
                 client,
                 s.node_name.clone(),
                 checkpoint,
@@ -306,7 +306,8 @@ impl Kubelet {
         }
         if !s.config.static_pod_path.is_empty() {
             let dir = s.config.static_pod_path.clone().into();
-            let watch = pods::file::watch(dir, s.node_name.clone(), pod_tx, self.shutdown.clone());
+            let watch =
+                pods::config::file::watch(dir, s.node_name.clone(), pod_tx, self.shutdown.clone());
             self.spawn(watch);
         }
     }
@@ -328,7 +329,11 @@ impl Kubelet {
         let pods_cgroup = cfg.pods_cgroup();
         let enforce = cfg.enforce_node_allocatable.iter().any(|v| v == "pods");
         let pods = if enforce {
-            match node::cgroups::ensure_pods_cgroup(mount, &pods_cgroup, Some(pods_capacity)) {
+            match crate::cm::node_allocatable::ensure_pods_cgroup(
+                mount,
+                &pods_cgroup,
+                Some(pods_capacity),
+            ) {
                 Ok(dir) => {
                     info!(cgroup = %dir.display(), memory_limit = pods_capacity, "node allocatable enforced on the pods cgroup");
                     Some(signals::MemCgroup::new(mount, &pods_cgroup))
@@ -379,16 +384,16 @@ impl Kubelet {
     /// imported before any pod starts.
     async fn start_images(&mut self, s: &Settings, started: &Started) {
         let cfg = &s.config;
-        let policy = pods::image_gc::Policy {
+        let policy = pods::images::gc::Policy {
             high_percent: cfg.image_gc_high_threshold_percent.clamp(0, 100) as u8,
             low_percent: cfg.image_gc_low_threshold_percent.clamp(0, 100) as u8,
             min_age: cfg.image_minimum_gc_age.0,
         };
-        let gc = pods::image_gc::ImageGc::new(started.runtime.clone(), policy);
+        let gc = pods::images::gc::ImageGc::new(started.runtime.clone(), policy);
         self.gc_pods = Some(gc.pods_slot());
         let gc = Arc::new(tokio::sync::Mutex::new(gc));
         self.image_gc = Some(gc.clone());
-        self.spawn(pods::image_gc::ImageGc::run(gc, self.shutdown.clone()));
+        self.spawn(pods::images::gc::ImageGc::run(gc, self.shutdown.clone()));
         if let Some(store) = &started.store {
             images::import_pending(store, &s.import_dir).await;
             let watch = images::watch_import_dir(

@@ -295,6 +295,76 @@ async fn invalid_config_is_refused_before_contacting_the_api() {
     assert!(!dir.path().join("root").exists(), "state was written");
 }
 
+#[tokio::test]
+async fn config_drop_ins_merge_over_the_file_as_upstream_and_configz_shows_them() {
+    let nodes: Api<Node> = Api::all(admin().await);
+    let name = unique_name("kl-dropin");
+    let drop_ins = tempfile::tempdir().unwrap();
+    let head = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
+    for (file, body) in [
+        ("10-pods.conf", "maxPods: 42\n"),
+        ("20-pods.conf", "maxPods: 43\n"),
+        ("30-not-a-drop-in.yaml", "maxPods: 1\n"),
+    ] {
+        std::fs::write(drop_ins.path().join(file), format!("{head}{body}")).unwrap();
+    }
+    let dir = drop_ins.path().display().to_string();
+    let k = Kinglet::start_with_root_prep(&name, FAST_CONFIG, &["--config-dir", &dir], |_| {});
+    let node = wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let cap = node.status.unwrap().capacity.unwrap();
+    assert_eq!(
+        cap["pods"].0, "43",
+        "the last .conf wins; the .yaml is no drop-in"
+    );
+    // /configz shows the merged configuration (straight to the node with
+    // a client certificate of the cluster's CA).
+    let port = std::fs::read_to_string(&k.config)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
+        .unwrap();
+    let pki = cluster_dir().join("pki");
+    let out = Command::new("curl")
+        .args(["-sfk", "--cert"])
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .arg(format!("https://127.0.0.1:{port}/configz"))
+        .output()
+        .unwrap();
+    let configz: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kc = &configz["kubeletconfig"];
+    assert_eq!(kc["maxPods"], 43, "{configz}");
+    assert_eq!(
+        kc["nodeStatusUpdateFrequency"], "1s",
+        "the file's own field kept"
+    );
+    // A bad drop-in stops kinglet at start, naming the file and the field.
+    std::fs::write(
+        drop_ins.path().join("40-bad.conf"),
+        format!("{head}maxPods: lots\n"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))
+        .args([
+            "--config-dir",
+            &dir,
+            "--hostname-override",
+            &name,
+            "--root-dir",
+        ])
+        .arg(drop_ins.path().join("root"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("40-bad.conf") && stderr.contains("field maxPods"),
+        "{stderr}"
+    );
+    assert!(!drop_ins.path().join("root").exists(), "state was written");
+}
+
 #[test]
 fn version_names_kinglet_and_kubernetes() {
     let out = Command::new(env!("CARGO_BIN_EXE_kinglet"))

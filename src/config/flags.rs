@@ -113,6 +113,11 @@ pub struct Flags {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
+    /// A directory of drop-ins (`*.conf`, each a KubeletConfiguration)
+    /// merged over `--config` in lexical order, as upstream's.
+    #[arg(long, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
+
     /// kubeconfig for the API server. Without it kinglet runs standalone.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
@@ -300,6 +305,9 @@ impl Flags {
             Some(path) => super::load_file(path, &mut *warn)?,
             None => KubeletConfiguration::default(),
         };
+        if let Some(dir) = &self.config_dir {
+            config = super::dropin::merge(config, dir, &mut *warn)?;
+        }
         if let Some(p) = &self.pod_manifest_path {
             config.static_pod_path = p.clone();
         }

@@ -5,6 +5,7 @@
 //! Everything is checked here, before any API call, so that a bad config is
 //! an exit with a message rather than a node that half works.
 
+pub mod dropin;
 pub mod flags;
 pub mod units;
 
@@ -31,6 +32,12 @@ pub enum ConfigError {
     Syntax { path: String, message: String },
     #[error("invalid value for field {field}: {message}")]
     Field { field: String, message: String },
+    /// A file of `--config-dir`, or the dir itself.
+    #[error("drop-in {path}: {source}")]
+    DropIn {
+        path: String,
+        source: Box<ConfigError>,
+    },
 }
 
 fn field_err(field: impl Into<String>, message: impl std::fmt::Display) -> ConfigError {
@@ -457,8 +464,15 @@ pub fn parse(
     path: &str,
     warn: &mut dyn FnMut(String),
 ) -> Result<KubeletConfiguration, ConfigError> {
-    // YAML is first read into a generic tree so that the typed pass below can
-    // report the full path of a bad or unknown field.
+    let cfg = from_tree(&tree_of(text, path)?, path, warn)?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Config text (YAML or JSON) as a generic tree, so that the typed pass can
+/// report the full path of a bad or unknown field, and drop-ins can be
+/// merged as upstream merges them (JSON merge patches).
+fn tree_of(text: &str, path: &str) -> Result<serde_json::Value, ConfigError> {
     let tree: serde_json::Value = if text.trim().is_empty() {
         serde_json::Value::Object(Default::default())
     } else {
@@ -473,9 +487,19 @@ pub fn parse(
             message: "the document must be a mapping".into(),
         });
     }
+    Ok(tree)
+}
+
+/// The typed pass: every field checked (unknown ones passed to `warn`),
+/// `apiVersion` and `kind` upstream's; not yet validated as a whole.
+fn from_tree(
+    tree: &serde_json::Value,
+    path: &str,
+    warn: &mut dyn FnMut(String),
+) -> Result<KubeletConfiguration, ConfigError> {
     let mut unknown = Vec::new();
     let mut note_unknown = |p: serde_ignored::Path<'_>| unknown.push(p.to_string());
-    let de = serde_ignored::Deserializer::new(&tree, &mut note_unknown);
+    let de = serde_ignored::Deserializer::new(tree, &mut note_unknown);
     let cfg: KubeletConfiguration = serde_path_to_error::deserialize(de).map_err(|e| {
         let field = e.path().to_string();
         let msg = e.into_inner().to_string();
@@ -495,7 +519,6 @@ pub fn parse(
     if cfg.kind != KIND {
         return Err(field_err("kind", format!("{:?} is not {KIND:?}", cfg.kind)));
     }
-    cfg.validate()?;
     Ok(cfg)
 }
 

@@ -82,7 +82,7 @@ pub struct Settings {
     pub pids_root: PathBuf,
     pub pods_cgroup: String,
     /// Node-level reclaim for disk signals.
-    pub image_gc: Option<Arc<tokio::sync::Mutex<crate::pods::image_gc::ImageGc>>>,
+    pub image_gc: Option<Arc<tokio::sync::Mutex<crate::pods::images::gc::ImageGc>>>,
 }
 
 /// The manager's parts.

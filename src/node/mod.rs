@@ -7,7 +7,6 @@
 //! the labels admission reads current and the Node's copy in the local
 //! store, from which an offline start takes its labels.
 
-pub mod cgroups;
 pub mod host;
 pub mod lease;
 pub mod status;

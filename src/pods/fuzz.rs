@@ -24,7 +24,7 @@ pub fn check(bytes: &[u8], base: &Path) -> Reached {
     let root = base.join("root");
     let file = manifests.join("fuzz.yaml");
     std::fs::write(&file, bytes).unwrap();
-    let Ok(mut pod) = super::file::load_manifest(&file, "node") else {
+    let Ok(mut pod) = super::config::file::load_manifest(&file, "node") else {
         return reached;
     };
     reached.accepted = true;

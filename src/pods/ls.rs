@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use super::status_manager::PodRecord;
+use super::status::manager::PodRecord;
 
 /// `kubectl get pods`-style listing of the pod records under `dir`.
 pub fn table(dir: &Path) -> String {

@@ -17,13 +17,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::admit;
+use super::config::validate;
+use super::config::{SourceUpdate, Sources};
 use super::pleg::{self, Pleg};
 use super::pod_workers::{AfterRemoval, Phase, PodWorkers};
 use super::report::{Report, Reporter};
-use super::sources::{SourceUpdate, Sources};
-use super::status_manager::StatusManager;
+use super::status::manager::StatusManager;
 use super::worker::{KillRequest, Worker};
-use super::{admit, validate};
 use crate::pods::util::pod_name;
 use crate::pods::worker::NodeContext;
 
@@ -405,7 +406,7 @@ const POD_CGROUP_SWEEP_PERIOD: Duration = Duration::from_secs(10);
 /// How often the API's copy of each pod's status is compared with the
 /// last one written (upstream's status manager `syncPeriod`, 10 s): at
 /// most one extra write per pod and period, and only where they differ.
-const STATUS_RECONCILE_PERIOD: Duration = super::status_manager::WATCH_LAG;
+const STATUS_RECONCILE_PERIOD: Duration = super::status::manager::WATCH_LAG;
 
 /// Upstream's `ContainerGCPeriod` (one minute).
 const CONTAINER_GC_PERIOD: Duration = Duration::from_secs(60);

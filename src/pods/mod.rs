@@ -1,8 +1,10 @@
 //! The pod lifecycle, one owner per part (upstream's package map):
 //!
-//! - [`sources`]: the source merge and `SourcesReady`; the sources are
-//!   [`api`] (the watch of pods bound to this node, with its checkpoint)
-//!   and [`file`] (static pods);
+//! - [`config`]: the source merge and `SourcesReady`; the sources are
+//!   [`config::api`] (the watch of pods bound to this node, with its
+//!   checkpoint) and [`config::file`] (static pods), and
+//!   [`config::validate`] the one gate every pod (static or API) passes
+//!   before anything of it touches the disk;
 //! - [`manager`]: the task that joins the parts, admission ([`admit`],
 //!   with the sysctl allowlist of [`sysctls`]),
 //!   and removal of what pods that are gone left behind;
@@ -15,8 +17,9 @@
 //!   configs: the plan (upstream's `computePodActions`), the sandbox
 //!   config, each container's config and environment;
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
-//! - [`status_manager`]: the single writer of pod statuses (local records
-//!   and, through [`api_writer`], the API), computed by [`status`];
+//! - [`status`]: the pod status computed from container states;
+//!   [`status::manager`] its single writer (local records and, through
+//!   [`status::api_writer`], the API);
 //! - [`services`]: service environment variables from the cluster's
 //!   Services;
 //! - [`volumes`]: each pod's volumes, their host dirs, prepared before its
@@ -24,16 +27,15 @@
 //!   projected tokens), and `subPath` mounts opened without following
 //!   links and bound by descriptor, so a pod cannot race them out of the
 //!   volume;
-//! - [`validate`]: the one gate every pod (static or API) passes before
-//!   anything of it touches the disk;
 //! - [`prober`]: liveness, readiness and startup probes, one task per
 //!   container and kind, owned by the worker; [`hooks`]: `postStart` and
 //!   `preStop`;
 //! - [`podfiles`]: the kubelet's files of a pod's containers (its
 //!   `/etc/hosts`, termination-message files), given to the runtime as
 //!   mounts;
-//! - [`images`] (pull policy, pull secrets, pull back-off), [`objects`]
-//!   (ConfigMaps and Secrets), [`image_gc`], [`fieldpath`] (`fieldRef`
+//! - [`images`] (pull policy, pull secrets, pull back-off; [`images::gc`]
+//!   the garbage collector), [`objects`] (ConfigMaps and Secrets),
+//!   [`fieldpath`] (`fieldRef`
 //!   and `resourceFieldRef` values), [`logs`], [`ls`] (`kinglet pods ls`);
 //! - [`util`]: the leaf every part shares (pod names and UIDs, contained
 //!   paths, the node's plain facts, the clock); it imports nothing of
@@ -46,13 +48,10 @@
 //! trait.
 
 pub mod admit;
-pub mod api;
-pub mod api_writer;
+pub mod config;
 pub mod fieldpath;
-pub mod file;
 pub mod fuzz;
 pub mod hooks;
-pub mod image_gc;
 pub mod images;
 pub mod kuberuntime;
 pub mod logs;
@@ -65,12 +64,9 @@ pub mod podfiles;
 pub mod prober;
 pub mod report;
 pub mod services;
-pub mod sources;
 pub mod status;
-pub mod status_manager;
 pub mod sysctls;
 pub mod util;
-pub mod validate;
 pub mod volumes;
 pub mod worker;
 
@@ -110,10 +106,8 @@ pub(crate) fn running_container(id: &str, name: &str) -> kinglet_runtime::Contai
     }
 }
 
+pub use config::SourceUpdate;
 pub use ls::table;
 pub use manager::{PodKiller, PodManager};
-pub use sources::SourceUpdate;
-pub use status_manager::PodEntry;
-pub use status_manager::StatusManager;
-pub use status_manager::StatusView;
+pub use status::manager::{PodEntry, StatusManager, StatusView};
 pub use worker::{EVICTED, KillRequest};

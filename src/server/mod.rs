@@ -411,7 +411,7 @@ impl Target<'_> {
     fn find(
         &self,
         view: &StatusView,
-    ) -> Result<(String, crate::pods::status_manager::PodEntry), (StatusCode, String)> {
+    ) -> Result<(String, crate::pods::status::manager::PodEntry), (StatusCode, String)> {
         view.pods()
             .into_iter()
             .find(|(id, e)| {

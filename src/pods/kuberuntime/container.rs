@@ -110,7 +110,7 @@ fn sub_path(
     sub: &str,
     node: &NodeFacts,
 ) -> Result<SubPath, ConfigError> {
-    crate::pods::validate::expanded_sub_path(sub)
+    crate::pods::config::validate::expanded_sub_path(sub)
         .map_err(|msg| ConfigError(format!("volumeMount {:?}: subPath {sub:?} {msg}", m.name)))?;
     let parts = [
         pod_uid(pod),

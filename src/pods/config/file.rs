@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::{SourceUpdate, validate};
+use crate::pods::SourceUpdate;
+use crate::pods::config::validate;
 
 /// Why a manifest was skipped; each names the file.
 #[derive(Debug, thiserror::Error)]

@@ -64,7 +64,7 @@ pub struct ImageGc {
     policy: Policy,
     records: HashMap<String, Record>,
     /// The node's pods, once the pod manager exists (set at start).
-    pods: Arc<std::sync::OnceLock<super::StatusView>>,
+    pods: Arc<std::sync::OnceLock<crate::pods::StatusView>>,
 }
 
 impl ImageGc {
@@ -78,7 +78,7 @@ impl ImageGc {
     }
 
     /// Where the node's pods will be found: their images are pinned.
-    pub fn pods_slot(&self) -> Arc<std::sync::OnceLock<super::StatusView>> {
+    pub fn pods_slot(&self) -> Arc<std::sync::OnceLock<crate::pods::StatusView>> {
         self.pods.clone()
     }
 

@@ -12,6 +12,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::{ContainerState, ContainerStatus, WaitingReason};
 
+pub mod api_writer;
+pub mod manager;
+
 use super::images::Waiting;
 #[cfg(test)]
 use super::kuberuntime::plan::Unprobed;

@@ -4,7 +4,7 @@
 //! `lastTransitionTime` over while its status stays the same, writes the
 //! local record (`<root-dir>/pods/<uid>.json`, what `kinglet pods ls`
 //! reads), and, when connected, hands the status to the API writer
-//! ([`super::api_writer`]), which coalesces and retries.
+//! ([`crate::pods::status::api_writer`]), which coalesces and retries.
 //!
 //! It also exposes a read-only [`StatusView`] of the pods and their
 //! statuses, for the kubelet API, eviction and the CLI.
@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::api_writer::ApiWriter;
 use crate::fsutil::write_private_atomic;
+use crate::pods::status::api_writer::ApiWriter;
 
 /// How long a write may take to come back through the watch: the
 /// manager's reconcile period.

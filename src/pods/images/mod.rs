@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kinglet_runtime::{ImageInfo, PullAuth, Runtime, WaitingReason, image};
 use tokio::time::Instant;
 
+pub mod gc;
+
 use super::report::Reporter;
 use crate::pods::kuberuntime::plan::{Backoff, next_backoff};
 use crate::pods::util::ObjectKind;

@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::api_writer::is_mirror;
-use super::sources::SourceUpdate;
 use crate::fsutil::write_private_atomic;
+use crate::pods::config::SourceUpdate;
+use crate::pods::status::api_writer::is_mirror;
 
 /// Sends a snapshot of this node's API pods after the first list and after
 /// every change. Mirror pods are the node's own reflection: not pods to

@@ -8,6 +8,10 @@
 //! "gone" until every expected source has reported once, so a restart
 //! re-adopts running pods instead of killing them.
 
+pub mod api;
+pub mod file;
+pub mod validate;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};

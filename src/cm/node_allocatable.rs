@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::eviction::signals::Hierarchy;
+use kinglet_runtime::podcgroup::Hierarchy;
 
 /// Errors setting the pods' cgroup up, with the file concerned.
 #[derive(Debug, thiserror::Error)]
