@@ -12,8 +12,11 @@
 //!   mount, or a flattened copy), `upper/`, `work/`;
 //! - `monitor/`: the monitor's socket, records and libcontainer state.
 //!
-//! Networking: every pod shares the host network namespace until CNI
-//! support lands.
+//! The parts: `bundle.rs` and `spec.rs` make a container's bundle;
+//! `network.rs` a pod's namespaces and its CNI network (host network pods
+//! share the node's); `sessions.rs` exec, attach and terminals;
+//! `status.rs` what is reported of containers and their cgroups' usage;
+//! `images/` the image store; this file the `Runtime` trait over them.
 
 mod bundle;
 pub mod container;
