@@ -112,6 +112,14 @@ const MIN_GRACE_AFTER_HOOK: Duration = Duration::from_secs(2);
 /// What a sync round waits for next.
 type Wake = Option<Duration>;
 
+/// An attempt to start a container: its number, the older attempts to
+/// remove first, and whether the restart back-off is to be forgotten.
+struct Attempt {
+    n: u32,
+    remove: Vec<String>,
+    reset_backoff: bool,
+}
+
 /// Why a container's config could not be made: the message of its
 /// `CreateContainerConfigError`, upstream's where upstream has one. A
 /// subPath's cause is logged, not told (it may name host paths).
@@ -748,12 +756,20 @@ impl Worker {
                     warn!(pod = %pod_name(pod), container = %c.name, error = %e, "killing a container of unknown state failed");
                 }
                 remove.insert(0, unknown);
-                self.start_attempt(pod, sb, sandbox_id, c, attempt, remove, s.reset_backoff)
-                    .await
+                let a = Attempt {
+                    n: attempt,
+                    remove,
+                    reset_backoff: s.reset_backoff,
+                };
+                self.start_attempt(pod, sb, sandbox_id, c, a).await
             }
             Step::Start { attempt, remove } => {
-                self.start_attempt(pod, sb, sandbox_id, c, attempt, remove, s.reset_backoff)
-                    .await
+                let a = Attempt {
+                    n: attempt,
+                    remove,
+                    reset_backoff: s.reset_backoff,
+                };
+                self.start_attempt(pod, sb, sandbox_id, c, a).await
             }
             Step::CrashLoop { delay, left } => {
                 self.crash_loop(pod, c, delay).await;
@@ -782,22 +798,20 @@ impl Worker {
         Some(next.delay)
     }
 
-    /// Removes older attempts and starts `attempt`, counting a restart
+    /// Removes older attempts and starts attempt `a.n`, counting a restart
     /// into the back-off.
-    #[allow(clippy::too_many_arguments)]
     async fn start_attempt(
         &mut self,
         pod: &Pod,
         sb: &SandboxConfig,
         sandbox_id: &str,
         c: &Container,
-        attempt: u32,
-        remove: Vec<String>,
-        reset_backoff: bool,
+        a: Attempt,
     ) -> Wake {
+        let (attempt, remove) = (a.n, a.remove);
         if attempt > 0 && !self.backoffs.failure.contains_key(&c.name) {
             let now = Instant::now();
-            let seeded = (!reset_backoff)
+            let seeded = (!a.reset_backoff)
                 .then(|| plan::seeded_backoff(attempt - 1, now))
                 .flatten();
             let prev = self.backoffs.restart.get(&c.name).or(seeded.as_ref());
