@@ -168,23 +168,8 @@ async fn kubectl_logs_pods_and_healthz(rt: Rt) {
     // /pods and /healthz with a client certificate of the cluster's CA
     // (the apiserver refuses to proxy to a loopback node address, so this
     // goes straight to the node, as the apiserver itself would).
-    let port = std::fs::read_to_string(&k.config)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
-        .unwrap();
-    let pki = cluster_dir().join("pki");
-    let get = |path: &str| {
-        let out = Command::new("curl")
-            .args(["-sfk", "--cert"])
-            .arg(pki.join("admin.crt"))
-            .arg("--key")
-            .arg(pki.join("admin.key"))
-            .arg(format!("https://127.0.0.1:{port}{path}"))
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let port = k.api_port();
+    let get = |path: &str| k.api_get(path);
     let list: serde_json::Value = serde_json::from_str(&get("/pods")).unwrap();
     assert_eq!(list["kind"], "PodList");
     assert!(

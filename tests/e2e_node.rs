@@ -318,21 +318,7 @@ async fn config_drop_ins_merge_over_the_file_as_upstream_and_configz_shows_them(
     );
     // /configz shows the merged configuration (straight to the node with
     // a client certificate of the cluster's CA).
-    let port = std::fs::read_to_string(&k.config)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
-        .unwrap();
-    let pki = cluster_dir().join("pki");
-    let out = Command::new("curl")
-        .args(["-sfk", "--cert"])
-        .arg(pki.join("admin.crt"))
-        .arg("--key")
-        .arg(pki.join("admin.key"))
-        .arg(format!("https://127.0.0.1:{port}/configz"))
-        .output()
-        .unwrap();
-    let configz: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let configz: serde_json::Value = serde_json::from_str(&k.api_get("/configz")).unwrap();
     let kc = &configz["kubeletconfig"];
     assert_eq!(kc["maxPods"], 43, "{configz}");
     assert_eq!(

@@ -132,6 +132,18 @@ fn lab(thresholds: Vec<Threshold>, pods: &[(Pod, &str)]) -> Lab {
     }
 }
 
+/// `memory.available` as measured: `available` of `capacity` bytes.
+fn memory_observed(available: u64, capacity: u64) -> Observations {
+    [(
+        "memory.available",
+        Observation {
+            available,
+            capacity,
+        },
+    )]
+    .into()
+}
+
 fn memory_available(value: ThresholdValue, grace: Duration) -> Threshold {
     Threshold {
         signal: "memory.available".into(),
@@ -153,14 +165,7 @@ async fn memory_pressure_evicts_the_pod_furthest_over_its_request_at_once() {
     l.rt.set_usage("ctr-hog", 300 * MI);
     l.rt.set_usage("ctr-within", 400 * MI);
     l.rt.set_usage("ctr-small", 10 * MI);
-    let obs: Observations = [(
-        "memory.available",
-        Observation {
-            available: 50 * MI,
-            capacity: 1024 * MI,
-        },
-    )]
-    .into();
+    let obs = memory_observed(50 * MI, 1024 * MI);
     let v = l.manager.threshold_victim(&[0], &obs).await.unwrap();
     // Both BestEffort pods are over their (zero) requests; the larger
     // user goes first. The pod within its request is spared.
@@ -188,14 +193,7 @@ async fn a_soft_threshold_gives_the_pod_its_grace_up_to_the_maximum() {
     let mut l = lab(vec![soft], &[(pod("hog", ""), "Running")]);
     l.manager.settings.max_pod_grace = Duration::from_secs(5);
     l.rt.set_usage("ctr-hog", 300 * MI);
-    let obs: Observations = [(
-        "memory.available",
-        Observation {
-            available: 100 * MI,
-            capacity: 1024 * MI,
-        },
-    )]
-    .into();
+    let obs = memory_observed(100 * MI, 1024 * MI);
     let v = l.manager.threshold_victim(&[0], &obs).await.unwrap();
     // The pod's own 30 s, capped by evictionMaxPodGracePeriod; the
     // percentage shown as the quantity it resolves to.

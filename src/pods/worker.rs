@@ -120,6 +120,16 @@ struct Attempt {
     reset_backoff: bool,
 }
 
+impl Attempt {
+    fn new(n: u32, remove: Vec<String>, reset_backoff: bool) -> Self {
+        Attempt {
+            n,
+            remove,
+            reset_backoff,
+        }
+    }
+}
+
 /// Why a container's config could not be made: the message of its
 /// `CreateContainerConfigError`, upstream's where upstream has one. A
 /// subPath's cause is logged, not told (it may name host paths).
@@ -756,19 +766,11 @@ impl Worker {
                     warn!(pod = %pod_name(pod), container = %c.name, error = %e, "killing a container of unknown state failed");
                 }
                 remove.insert(0, unknown);
-                let a = Attempt {
-                    n: attempt,
-                    remove,
-                    reset_backoff: s.reset_backoff,
-                };
+                let a = Attempt::new(attempt, remove, s.reset_backoff);
                 self.start_attempt(pod, sb, sandbox_id, c, a).await
             }
             Step::Start { attempt, remove } => {
-                let a = Attempt {
-                    n: attempt,
-                    remove,
-                    reset_backoff: s.reset_backoff,
-                };
+                let a = Attempt::new(attempt, remove, s.reset_backoff);
                 self.start_attempt(pod, sb, sandbox_id, c, a).await
             }
             Step::CrashLoop { delay, left } => {

@@ -713,20 +713,24 @@ pub fn resource_metrics(s: &Snapshot) -> String {
 }
 
 fn container_labels(c: &ContainerSample) -> String {
-    format!(
-        "{{container=\"{}\",namespace=\"{}\",pod=\"{}\"}}",
-        label(&c.name),
-        label(&c.namespace),
-        label(&c.pod)
-    )
+    labels(&[
+        ("container", &c.name),
+        ("namespace", &c.namespace),
+        ("pod", &c.pod),
+    ])
 }
 
 fn pod_labels(p: &PodSample) -> String {
-    format!(
-        "{{namespace=\"{}\",pod=\"{}\"}}",
-        label(&p.namespace),
-        label(&p.pod)
-    )
+    labels(&[("namespace", &p.namespace), ("pod", &p.pod)])
+}
+
+/// `{k="v",…}`, the values escaped.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
 }
 
 #[cfg(test)]
