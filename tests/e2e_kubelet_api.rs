@@ -168,7 +168,7 @@ async fn kubectl_logs_pods_and_healthz(rt: Rt) {
     // /pods and /healthz with a client certificate of the cluster's CA
     // (the apiserver refuses to proxy to a loopback node address, so this
     // goes straight to the node, as the apiserver itself would).
-    let port = k.api_port();
+    let port = k.api_port.to_string();
     let get = |path: &str| k.api_get(path);
     let list: serde_json::Value = serde_json::from_str(&get("/pods")).unwrap();
     assert_eq!(list["kind"], "PodList");
@@ -747,27 +747,6 @@ async fn kubectl_attach(rt: Rt) {
         .unwrap();
 }
 
-/// GET `path` on the node's kubelet API with the cluster admin's client
-/// certificate (the apiserver refuses to proxy to a loopback node
-/// address, so this goes straight to the node, as metrics-server does).
-fn node_get(k: &Kinglet, path: &str) -> String {
-    let pki = cluster_dir().join("pki");
-    let out = Command::new("curl")
-        .args(["-sfk", "--cert"])
-        .arg(pki.join("admin.crt"))
-        .arg("--key")
-        .arg(pki.join("admin.key"))
-        .arg(format!("https://127.0.0.1:{}{path}", k.api_port))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "GET {path}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// `/stats/summary` and `/metrics/resource` (what metrics-server scrapes)
 /// with a pod that burns CPU and holds memory.
 async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
@@ -812,9 +791,9 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = node_get(&k, "/stats/summary");
+    let _ = k.api_get("/stats/summary");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let summary: serde_json::Value = serde_json::from_str(&node_get(&k, "/stats/summary")).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&k.api_get("/stats/summary")).unwrap();
     let n = &summary["node"];
     assert_eq!(n["nodeName"], node.as_str());
     assert!(
@@ -843,7 +822,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         "{pod}"
     );
 
-    let metrics = node_get(&k, "/metrics/resource");
+    let metrics = k.api_get("/metrics/resource");
     let line = metrics
         .lines()
         .find(|l| {
@@ -861,7 +840,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     assert!(metrics.contains("resource_scrape_error 0"), "{metrics}");
 
     // kinglet's own metrics, upstream's names.
-    let own = node_get(&k, "/metrics");
+    let own = k.api_get("/metrics");
     let value = |prefix: &str| -> f64 {
         own.lines()
             .find(|l| l.starts_with(prefix))
@@ -878,20 +857,20 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         "prober_probe_total{{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"{name}\""
     );
     assert!(value(&probes) >= 1.0);
-    let probe_page = node_get(&k, "/metrics/probes");
+    let probe_page = k.api_get("/metrics/probes");
     assert!(
         probe_page.contains(&probes) && !probe_page.contains("kubelet_running_pods"),
         "{probe_page}"
     );
 
     // The debugging pages, in upstream's text shape.
-    let statusz = node_get(&k, "/statusz");
+    let statusz = k.api_get("/statusz");
     assert!(
         statusz.starts_with("\nkubelet statusz\nWarning:"),
         "{statusz}"
     );
     assert!(statusz.contains("/stats/summary"), "{statusz}");
-    let flagz = node_get(&k, "/flagz");
+    let flagz = k.api_get("/flagz");
     assert!(
         flagz.contains("hostname-override") && flagz.contains(&node),
         "{flagz}"
@@ -927,7 +906,7 @@ async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
         Duration::from_secs(40),
         || async {
             let summary: serde_json::Value =
-                serde_json::from_str(&node_get(k, "/stats/summary")).ok()?;
+                serde_json::from_str(&k.api_get("/stats/summary")).ok()?;
             let pod = summary["pods"]
                 .as_array()?
                 .iter()
@@ -952,7 +931,7 @@ async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
     assert!(net["rxBytes"].is_u64() && net["txBytes"].is_u64(), "{net}");
     if std::path::Path::new("/proc/pressure/cpu").exists() {
         let summary: serde_json::Value =
-            serde_json::from_str(&node_get(k, "/stats/summary")).unwrap();
+            serde_json::from_str(&k.api_get("/stats/summary")).unwrap();
         let psi = &summary["node"]["cpu"]["psi"];
         assert!(psi["some"]["total"].is_u64(), "{summary}");
         assert!(

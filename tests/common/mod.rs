@@ -274,18 +274,10 @@ impl Kinglet {
         k
     }
 
-    /// The port of the node's kubelet API, from its config file.
-    pub fn api_port(&self) -> String {
-        std::fs::read_to_string(&self.config)
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("port: ").map(|p| p.trim().to_string()))
-            .unwrap()
-    }
-
-    /// GET `path` of the node's kubelet API with a client certificate of
-    /// the cluster's CA (the apiserver refuses to proxy to a loopback node
-    /// address, so this goes straight to the node, as the apiserver would).
+    /// GET `path` on the node's kubelet API with the cluster admin's
+    /// client certificate (the apiserver refuses to proxy to a loopback
+    /// node address, so this goes straight to the node, as metrics-server
+    /// does).
     pub fn api_get(&self, path: &str) -> String {
         let pki = cluster_dir().join("pki");
         let out = Command::new("curl")
@@ -293,9 +285,14 @@ impl Kinglet {
             .arg(pki.join("admin.crt"))
             .arg("--key")
             .arg(pki.join("admin.key"))
-            .arg(format!("https://127.0.0.1:{}{path}", self.api_port()))
+            .arg(format!("https://127.0.0.1:{}{path}", self.api_port))
             .output()
             .unwrap();
+        assert!(
+            out.status.success(),
+            "GET {path}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
