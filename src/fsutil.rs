@@ -1,7 +1,8 @@
 //! Files kinglet writes for itself: whole or not at all (a temp file, then
 //! an atomic rename, so a kill at any instant leaves the old or the new
 //! version), and readable by root only, since pod specs, statuses and
-//! checkpoints can carry Secret values.
+//! checkpoints can carry Secret values. And files others write for it
+//! (manifests, config drop-ins), read within a bound.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,6 +33,15 @@ pub fn write_private_atomic(path: &Path, data: &[u8], durable: bool) -> std::io:
         std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
     }
     Ok(())
+}
+
+/// `path` whole if it is at most `max` bytes, `None` if larger: never
+/// more than one byte past the bound is read, so a huge file costs nothing.
+pub fn read_at_most(path: &Path, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut data = Vec::new();
+    let f = std::fs::File::open(path)?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, max + 1), &mut data)?;
+    Ok((data.len() as u64 <= max).then_some(data))
 }
 
 #[cfg(test)]

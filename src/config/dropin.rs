@@ -58,19 +58,19 @@ fn read_drop_in(path: &Path, warn: &mut dyn FnMut(String)) -> Result<Value, Conf
         path: name.clone(),
         source,
     };
-    let mut text = String::new();
-    let f = std::fs::File::open(path).map_err(read_err)?;
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(f, MAX_DROP_IN_BYTES + 1),
-        &mut text,
-    )
-    .map_err(read_err)?;
-    if text.len() as u64 > MAX_DROP_IN_BYTES {
+    let Some(bytes) = crate::fsutil::read_at_most(path, MAX_DROP_IN_BYTES).map_err(read_err)?
+    else {
         return Err(ConfigError::Syntax {
             path: name,
             message: format!("a drop-in must be at most {MAX_DROP_IN_BYTES} bytes"),
         });
-    }
+    };
+    let text = String::from_utf8(bytes).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
+    })?;
     let tree = tree_of(&text, &name)?;
     // `null` is no value of its own but a patch's "back to the default"
     // (Go's decoder skips it too): checked without them.

@@ -50,22 +50,12 @@ pub enum ManifestError {
 /// restarts), `kubernetes.io/config.*` annotations as upstream sets them.
 pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, ManifestError> {
     let path_buf = || path.to_path_buf();
-    // Read at most one byte past the bound: a huge file costs nothing.
-    let mut text = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            std::io::Read::read_to_end(
-                &mut std::io::Read::take(f, validate::MAX_MANIFEST_BYTES + 1),
-                &mut text,
-            )
-        })
+    let text = crate::fsutil::read_at_most(path, validate::MAX_MANIFEST_BYTES)
         .map_err(|source| ManifestError::Read {
             path: path_buf(),
             source,
-        })?;
-    if text.len() as u64 > validate::MAX_MANIFEST_BYTES {
-        return Err(ManifestError::TooLarge { path: path_buf() });
-    }
+        })?
+        .ok_or_else(|| ManifestError::TooLarge { path: path_buf() })?;
     let v: serde_json::Value =
         serde_saphyr::from_slice(&text).map_err(|e| ManifestError::Yaml {
             path: path_buf(),
