@@ -3,6 +3,7 @@
 //! parsers here that take untrusted input.
 
 pub use kinglet_runtime::backoff;
+pub mod cadvisor;
 pub mod certificate;
 pub mod cm;
 pub mod config;

@@ -4,7 +4,8 @@
 //! authenticated and authorized ([`auth`]), then routed: `/healthz`,
 //! `/pods`, `/configz`, `/containerLogs` ([`logs`]), `/exec`, `/attach`,
 //! `/run` ([`exec`], over [`ws`]), `/portForward` ([`portforward`]),
-//! `/stats/summary` and `/metrics/resource` ([`stats`]), `/metrics`,
+//! `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor` ([`stats`],
+//! [`crate::cadvisor`]), `/metrics`,
 //! `/metrics/probes`, `/statusz` and `/flagz` ([`zpages`]). The
 //! read-only port, when `readOnlyPort` is set, serves the unauthenticated
 //! subset upstream serves there, over plain HTTP ([`serve_read_only`]).
@@ -331,6 +332,7 @@ const PATHS: &[&str] = &[
     "/flagz",
     "/healthz",
     "/metrics",
+    "/metrics/cadvisor",
     "/metrics/probes",
     "/metrics/resource",
     "/pods",
@@ -376,6 +378,14 @@ async fn route(state: &State, path: &str, query: &str) -> Response<Body> {
             respond(
                 StatusCode::OK,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            )
+        }
+        ["metrics", "cadvisor"] => {
+            let body = Full::new(Bytes::from(state.stats.cadvisor().await)).boxed();
+            respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
                 body,
             )
         }

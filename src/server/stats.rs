@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -25,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kinglet_runtime::podcgroup::Hierarchy;
 use kinglet_runtime::{ContainerState, Runtime};
 
+use crate::cadvisor::text::escape;
 use crate::pods::StatusView;
 
 /// Where a scrape reads from, and the previous readings for rates.
@@ -85,24 +86,15 @@ pub struct PodSample {
 /// One network interface's counters.
 pub type Interface = kinglet_runtime::InterfaceUsage;
 
-/// The interfaces of `/proc/<pid>/net/dev`, loopback left out.
-pub fn parse_net_dev(text: &str) -> Vec<Interface> {
-    text.lines()
-        .skip(2)
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let f: Vec<u64> = rest
-                .split_whitespace()
-                .map(|v| v.parse().unwrap_or(0))
-                .collect();
-            let name = name.trim();
-            (name != "lo" && f.len() >= 11).then(|| Interface {
-                name: name.to_string(),
-                rx_bytes: f[0],
-                rx_errors: f[2],
-                tx_bytes: f[8],
-                tx_errors: f[10],
-            })
+/// The pod's interfaces as the summary API has them.
+fn interfaces(devs: Vec<crate::cadvisor::NetDev>) -> Vec<Interface> {
+    devs.into_iter()
+        .map(|n| Interface {
+            name: n.name,
+            rx_bytes: n.rx_bytes,
+            rx_errors: n.rx_errors,
+            tx_bytes: n.tx_bytes,
+            tx_errors: n.tx_errors,
         })
         .collect()
 }
@@ -192,6 +184,24 @@ pub fn node_cpu_nanos(proc_stat: &str) -> u64 {
     busy.saturating_mul(10_000_000)
 }
 
+/// The node's readings: `/proc` and `statvfs` of its two filesystems.
+fn node_sample(proc_dir: &Path, root_dir: &Path, image_dir: &Path) -> NodeSample {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    let mem = crate::node::host::parse_meminfo(
+        &std::fs::read_to_string(proc_dir.join("meminfo")).unwrap_or_default(),
+    );
+    let usage = mem.total.saturating_sub(mem.free);
+    NodeSample {
+        cpu_nanos: node_cpu_nanos(&stat),
+        memory_capacity: mem.total,
+        memory_usage: usage,
+        working_set: usage.saturating_sub(mem.inactive_file),
+        fs: crate::node::host::fs_stats(root_dir).ok(),
+        image_fs: crate::node::host::fs_stats(image_dir).ok(),
+        psi: read_psi(|r| proc_dir.join("pressure").join(r)),
+    }
+}
+
 impl Sampler {
     pub fn new(
         node_name: String,
@@ -215,20 +225,7 @@ impl Sampler {
     }
 
     fn node(&self) -> NodeSample {
-        let stat = std::fs::read_to_string(self.proc_dir.join("stat")).unwrap_or_default();
-        let mem = crate::node::host::parse_meminfo(
-            &std::fs::read_to_string(self.proc_dir.join("meminfo")).unwrap_or_default(),
-        );
-        let usage = mem.total.saturating_sub(mem.free);
-        NodeSample {
-            cpu_nanos: node_cpu_nanos(&stat),
-            memory_capacity: mem.total,
-            memory_usage: usage,
-            working_set: usage.saturating_sub(mem.inactive_file),
-            fs: crate::node::host::fs_stats(&self.root_dir).ok(),
-            image_fs: crate::node::host::fs_stats(&self.image_dir).ok(),
-            psi: read_psi(|r| self.proc_dir.join("pressure").join(r)),
-        }
+        node_sample(&self.proc_dir, &self.root_dir, &self.image_dir)
     }
 
     /// Reads everything once. The runtime calls are awaited; `/proc` and
@@ -318,17 +315,108 @@ impl Sampler {
                     .as_ref()
                     .is_none_or(|s| s.host_network != Some(true));
                 if let (true, Some(pid)) = (own_net, pids.get(&p.uid)) {
-                    let proc = proc_dir.join(pid.to_string());
-                    // A pod without a network of its own (no CNI) shares
-                    // the host's: its counters are not the pod's.
-                    let ns = |p: &std::path::Path| std::fs::read_link(p.join("ns/net")).ok();
-                    if ns(&proc).is_some() && ns(&proc) != ns(&proc_dir.join("self")) {
-                        let dev = std::fs::read_to_string(proc.join("net/dev")).unwrap_or_default();
-                        p.network = parse_net_dev(&dev);
-                    }
+                    p.network = interfaces(
+                        crate::cadvisor::own_network(&proc_dir, *pid).unwrap_or_default(),
+                    );
                 }
             }
             (samples, containers)
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// `/metrics/cadvisor` ([`crate::cadvisor`]): the node's pods and
+    /// containers from the runtime and the status view, their cgroups read
+    /// off the async thread.
+    pub async fn cadvisor(&self) -> String {
+        use crate::cadvisor::{ContainerRef, Inputs, Machine, PodRef};
+        let (listed, usage) = tokio::join!(
+            self.runtime.list_containers(),
+            self.runtime.container_stats(),
+        );
+        let error = listed.is_err() || usage.is_err();
+        let layers: HashMap<String, u64> = usage
+            .unwrap_or_default()
+            .into_iter()
+            .map(|u| (u.id, u.writable_layer_bytes))
+            .collect();
+        let containers = listed
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| ContainerRef {
+                writable_layer: layers.get(&c.id).copied(),
+                started_at: c.started_at as f64 / 1e9,
+                id: c.id,
+                pod_uid: c.pod_uid,
+                name: c.name,
+                image: c.image,
+            })
+            .collect();
+        let pods = self
+            .view
+            .pods()
+            .into_iter()
+            .map(|(uid, e)| PodRef {
+                namespace: e
+                    .pod
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                name: e.pod.metadata.name.clone().unwrap_or_default(),
+                cgroup: crate::cm::qos::cgroup_parent(&e.pod, &self.pods_cgroup),
+                start_time: e
+                    .status
+                    .start_time
+                    .as_ref()
+                    .map_or(0.0, |t| t.0.as_second() as f64),
+                own_network: e
+                    .pod
+                    .spec
+                    .as_ref()
+                    .is_none_or(|s| s.host_network != Some(true)),
+                uid,
+            })
+            .collect();
+        let (proc_dir, cgroup_root) = (self.proc_dir.clone(), self.cgroup_root.clone());
+        let (pods_cgroup, image_dir) = (self.pods_cgroup.clone(), self.image_dir.clone());
+        tokio::task::spawn_blocking(move || {
+            let node = node_sample(&proc_dir, &image_dir, &image_dir);
+            let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+            let mountinfo =
+                std::fs::read_to_string(proc_dir.join("self/mountinfo")).unwrap_or_default();
+            let machine = Machine {
+                cpu_cores: stat
+                    .lines()
+                    .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                    .count() as u64,
+                memory_bytes: node.memory_capacity,
+                kernel: std::fs::read_to_string(proc_dir.join("sys/kernel/osrelease"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+                fs_device: crate::cadvisor::mount_source(&mountinfo, &image_dir)
+                    .unwrap_or_default(),
+                fs_limit: node.image_fs.as_ref().map_or(0, |f| f.capacity_bytes),
+                devices: crate::cadvisor::block_devices(Path::new("/sys")),
+            };
+            let inputs = Inputs {
+                cgroup_root,
+                proc_dir,
+                pods_cgroup,
+                pods,
+                containers,
+                node_cpu_nanos: node.cpu_nanos,
+                node_memory: (node.memory_usage, node.working_set),
+                machine: machine.clone(),
+            };
+            crate::cadvisor::text::render(&crate::cadvisor::Scrape {
+                at: jiff::Timestamp::now(),
+                series: crate::cadvisor::collect(&inputs),
+                machine,
+                error,
+            })
         })
         .await
         .unwrap_or_default()
@@ -621,13 +709,6 @@ fn pod_samples(sandboxes: &[kinglet_runtime::Usage], pod_of: &PodOf<'_>) -> Vec<
         .collect()
 }
 
-/// Label values escaped as the Prometheus text format wants.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// `/metrics/resource` in upstream's names and help (the STABLE resource
 /// metrics), each sample stamped with the scrape's time in milliseconds as
 /// upstream's collector does. Written by hand: the timestamps are part of
@@ -728,7 +809,7 @@ fn pod_labels(p: &PodSample) -> String {
 fn labels(pairs: &[(&str, &str)]) -> String {
     let inner: Vec<String> = pairs
         .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
         .collect();
     format!("{{{}}}", inner.join(","))
 }
@@ -755,7 +836,7 @@ mod tests {
         assert_eq!(parse_psi(""), None);
         assert_eq!(parse_psi("some avg10=x"), None);
         let dev = "Inter-|   Receive                                                |  Transmit\n face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    lo: 100 1 0 0 0 0 0 0 100 1 0 0 0 0 0 0\n  eth0: 2000 20 3 0 0 0 0 0 4000 40 5 0 0 0 0 0\n";
-        let i = parse_net_dev(dev);
+        let i = interfaces(crate::cadvisor::parse_net_dev(dev));
         assert_eq!(
             i,
             [Interface {

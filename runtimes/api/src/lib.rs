@@ -12,6 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub mod backoff;
+pub mod cgstats;
 pub mod disk;
 pub mod exec;
 pub mod fake;

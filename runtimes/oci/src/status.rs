@@ -152,46 +152,15 @@ pub(crate) fn container_status(
 }
 
 /// CPU time and working set of the cgroup at `path` (relative to the
-/// hierarchy root), from cgroup v2 files or the v1 cpuacct and memory
-/// controllers. Working set = usage − inactive file, as upstream's cAdvisor.
+/// hierarchy root), read as upstream's cAdvisor reads them
+/// ([`kinglet_runtime::cgstats`]).
 pub(crate) fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
-    let read = |p: PathBuf| std::fs::read_to_string(p).unwrap_or_default();
-    let stat_value = |text: &str, key: &str| -> u64 {
-        text.lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                (k == key).then(|| v.trim().parse().ok())?
-            })
-            .unwrap_or(0)
-    };
-    let path = path.trim_start_matches('/');
-    let (cpu, usage, inactive): (u64, u64, u64) = if Hierarchy::detect(root) == Hierarchy::V2 {
-        let dir = root.join(path);
-        let mem = read(dir.join("memory.stat"));
-        (
-            stat_value(&read(dir.join("cpu.stat")), "usage_usec") * 1000,
-            read(dir.join("memory.current")).trim().parse().unwrap_or(0),
-            stat_value(&mem, "inactive_file"),
-        )
-    } else {
-        let mem = read(root.join("memory").join(path).join("memory.stat"));
-        (
-            read(root.join("cpuacct").join(path).join("cpuacct.usage"))
-                .trim()
-                .parse()
-                .unwrap_or(0),
-            read(root.join("memory").join(path).join("memory.usage_in_bytes"))
-                .trim()
-                .parse()
-                .unwrap_or(0),
-            stat_value(&mem, "total_inactive_file"),
-        )
-    };
+    let s = kinglet_runtime::cgstats::CgroupStats::read(root, Hierarchy::detect(root), path);
     Usage {
         id,
         pod_uid,
-        cpu_usage_core_nanos: cpu,
-        memory_working_set_bytes: usage.saturating_sub(inactive),
+        cpu_usage_core_nanos: s.cpu.usage_ns,
+        memory_working_set_bytes: s.memory.working_set,
         ..Usage::default()
     }
 }
