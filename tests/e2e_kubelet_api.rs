@@ -817,6 +817,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
     let ws = c["memory"]["workingSetBytes"].as_u64().unwrap();
     assert!(ws >= 20 << 20, "working set {ws}: {c}");
     summary_disk_net_and_psi(&k, rt, &name).await;
+    cadvisor_metrics_scraped_by_prometheus(&k, &admin, &name).await;
     assert!(
         pod["memory"]["workingSetBytes"].as_u64().unwrap() >= ws,
         "{pod}"
@@ -943,6 +944,202 @@ async fn summary_disk_net_and_psi(k: &Kinglet, rt: Rt, name: &str) {
             "{summary}"
         );
     }
+}
+
+/// `/metrics/cadvisor` with the busy pod, in cAdvisor's names and
+/// labels; then a real Prometheus (Debian's) configured as kube-prometheus
+/// configures its kubelet job (nodes discovered through the API, HTTPS
+/// with a ServiceAccount token granted `nodes/metrics`, the
+/// `metrics_path` label) scrapes it, and the PromQL of the dashboards'
+/// pod panels returns the pod's CPU and memory.
+async fn cadvisor_metrics_scraped_by_prometheus(k: &Kinglet, admin: &kube::Client, name: &str) {
+    let page = k.api_get("/metrics/cadvisor");
+    let pod_label = format!("pod=\"{name}\"");
+    let sample = |prefix: &str| -> f64 {
+        page.lines()
+            .find(|l| l.starts_with(prefix) && l.contains(&pod_label))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} of {name} in\n{page}"))
+    };
+    let c = "{container=\"c\",";
+    assert!(
+        sample(&format!(
+            "container_cpu_usage_seconds_total{c}cpu=\"total\","
+        )) > 0.5
+    );
+    assert!(sample(&format!("container_memory_working_set_bytes{c}")) >= f64::from(20 << 20));
+    assert!(sample(&format!("container_fs_usage_bytes{c}device=")) >= f64::from(1 << 20));
+    assert!(sample(&format!("container_processes{c}")) >= 1.0);
+    assert!(sample("container_network_receive_packets_total{container=\"\",") > 0.0);
+    assert!(page.contains("# TYPE container_memory_working_set_bytes gauge"));
+
+    let prom = Prometheus::start(admin, &k.name).await;
+    let sel = format!(
+        "job=\"kubelet\",metrics_path=\"/metrics/cadvisor\",image!=\"\",container!=\"\",pod=\"{name}\""
+    );
+    // A rate over 8 s of samples, past Prometheus' own start.
+    let cpu = format!("sum by (pod) (rate(container_cpu_usage_seconds_total{{{sel}}}[8s]))");
+    let scrapes = format!("count_over_time(container_cpu_usage_seconds_total{{{sel}}}[8s])");
+    let mem = format!("sum by (pod) (container_memory_working_set_bytes{{{sel}}})");
+    let answers = within(Duration::from_secs(60), || async {
+        let enough = prom.query(&scrapes)? >= 7.0;
+        enough.then_some(())?;
+        Some((prom.query(&cpu)?, prom.query(&mem)?))
+    })
+    .await;
+    let (cores, bytes) =
+        answers.unwrap_or_else(|| panic!("no answer from Prometheus: {}", prom.diagnose()));
+    println!(
+        "figure: Prometheus over /metrics/cadvisor: pod {name} at {cores:.2} cores, {} MiB working set",
+        bytes as u64 >> 20
+    );
+    assert!(cores > 0.1, "{cores} cores");
+    assert!(bytes >= f64::from(20 << 20), "{bytes} bytes");
+}
+
+/// A Prometheus server of the test's own (`prometheus` from Debian),
+/// killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    /// Scrapes `/metrics/cadvisor` of `node` as kube-prometheus' kubelet
+    /// ServiceMonitor does, every second.
+    async fn start(admin: &kube::Client, node: &str) -> Prometheus {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let sa_name = format!("{node}-prometheus");
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+        let sa: ServiceAccount =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": sa_name}})).unwrap();
+        sas.create(&PostParams::default(), &sa).await.unwrap();
+        // prometheus-k8s's rules in kube-prometheus, for nodes.
+        let role: ClusterRole = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": sa_name},
+            "rules": [{"apiGroups": [""], "resources": ["nodes", "nodes/metrics"], "verbs": ["get", "list", "watch"]}]
+        }))
+        .unwrap();
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .unwrap();
+        let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": sa_name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa_name},
+            "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": "default"}]
+        }))
+        .unwrap();
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap();
+        let tr: k8s_openapi::api::authentication::v1::TokenRequest =
+            serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 600}}))
+                .unwrap();
+        let bearer = bearer_of(&sas, &sa_name, &tr).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, bearer.trim_start_matches("Authorization: Bearer ")).unwrap();
+        let config = dir.path().join("prometheus.yml");
+        let n = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+            .get(node)
+            .await
+            .unwrap();
+        let status = n.status.unwrap_or_default();
+        let ip = status
+            .addresses
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .expect("an InternalIP");
+        let port = status
+            .daemon_endpoints
+            .unwrap_or_default()
+            .kubelet_endpoint
+            .unwrap_or_default()
+            .port;
+        let target = format!("{ip}:{port}");
+        std::fs::write(&config, prometheus_config(&target, node, &token)).unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .expect("prometheus (tests/setup.sh installs Debian's package)");
+        Prometheus { child, port, dir }
+    }
+
+    /// Its targets' health and its log, for a failure's message.
+    fn diagnose(&self) -> String {
+        let targets = Command::new("curl")
+            .arg("-s")
+            .arg(format!("http://127.0.0.1:{}/api/v1/targets", self.port))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        format!("targets: {targets}\nlog:\n{log}")
+    }
+
+    /// The one value of an instant query, when it has one.
+    fn query(&self, promql: &str) -> Option<f64> {
+        let out = Command::new("curl")
+            .args(["-sf", "--data-urlencode"])
+            .arg(format!("query={promql}"))
+            .arg(format!("http://127.0.0.1:{}/api/v1/query", self.port))
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let result = v["data"]["result"].as_array()?;
+        result.first()?["value"][1].as_str()?.parse().ok()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// kube-prometheus' kubelet job for cAdvisor, as the operator renders it.
+/// Debian's Prometheus is built without Kubernetes discovery, so the
+/// target is what the operator's kubelet controller makes of a Node for
+/// the `kubelet` Endpoints: its InternalIP and `daemonEndpoints` port.
+fn prometheus_config(target: &str, node: &str, token: &std::path::Path) -> String {
+    format!(
+        r#"global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+- job_name: kubelet
+  honor_labels: true
+  honor_timestamps: false
+  metrics_path: /metrics/cadvisor
+  scheme: https
+  authorization:
+    credentials_file: {token}
+  tls_config:
+    insecure_skip_verify: true
+  static_configs:
+  - targets: ["{target}"]
+    labels:
+      node: {node}
+  relabel_configs:
+  - source_labels: [__metrics_path__]
+    target_label: metrics_path
+"#,
+        token = token.display(),
+    )
 }
 
 /// Millicores and bytes from `kubectl top`'s `123m` and `45Mi` columns.

@@ -21,6 +21,9 @@ type Family = (
     fn(&Series, &Machine) -> Samples,
 );
 
+/// A per-interface or per-device counter: (name, help, its value).
+type Counter<T> = (&'static str, &'static str, fn(&T) -> u64);
+
 fn one(v: u64) -> Samples {
     vec![(Vec::new(), v as f64)]
 }
@@ -171,7 +174,7 @@ const MEMORY: &[Family] = &[
 ];
 
 /// The per-interface families: (name, help, the counter).
-const NETWORK: &[(&str, &str, fn(&super::NetDev) -> u64)] = &[
+const NETWORK: &[Counter<super::NetDev>] = &[
     (
         "container_network_receive_bytes_total",
         "Cumulative count of bytes received",
@@ -215,7 +218,7 @@ const NETWORK: &[(&str, &str, fn(&super::NetDev) -> u64)] = &[
 ];
 
 /// The per-device block I/O families: (name, help, the counter).
-const DISK_IO: &[(&str, &str, fn(&kinglet_runtime::cgstats::IoStats) -> u64)] = &[
+const DISK_IO: &[Counter<kinglet_runtime::cgstats::IoStats>] = &[
     (
         "container_fs_reads_bytes_total",
         "Cumulative count of bytes read",

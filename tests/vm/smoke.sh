@@ -61,6 +61,30 @@ for what, v in (("node", s["node"]), ("pod", p), ("container", c)):
 print("vm: PSI of the node, the pod and its container in /stats/summary: memory some total", c["memory"]["psi"]["some"]["total"])
 ' || fail "PSI missing from /stats/summary"
 
+# cAdvisor's families of the pod on cgroup v2 (what Prometheus' kubelet
+# job scrapes): the container's limits as cgroup v2 has them, its CPU and
+# memory, the pod's network.
+kubectl get --raw /api/v1/nodes/kinglet-vm/proxy/metrics/cadvisor | python3 -c '
+import sys
+want = {"container_spec_memory_limit_bytes": 67108864.0, "container_spec_cpu_quota": 20000.0}
+got = {}
+for l in sys.stdin:
+    if l.startswith("#") or "pod=\"vm-smoke\"" not in l:
+        continue
+    name, v = l.split("{", 1)[0], float(l.rsplit(" ", 1)[1])
+    if "container=\"app\"" in l:
+        got[name] = v
+    elif "container=\"\"" in l and "interface=" in l:
+        got["pod " + name] = v
+for k, v in want.items():
+    assert got.get(k) == v, (k, got.get(k))
+assert got.get("container_cpu_usage_seconds_total", 0) > 0, got
+assert got.get("container_memory_working_set_bytes", 0) > 0, got
+assert got.get("pod container_network_receive_bytes_total", 0) > 0, got
+print("vm: /metrics/cadvisor on cgroup v2: app at %.2f s of CPU, %d KiB working set, limits 64Mi and 20000/100000" % (
+    got["container_cpu_usage_seconds_total"], got["container_memory_working_set_bytes"] // 1024))
+' || fail "/metrics/cadvisor on cgroup v2"
+
 # A reboot with the control plane unreachable: kinglet comes back by
 # itself (its unit is enabled) and runs the pod again, offline.
 restarts_before=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
