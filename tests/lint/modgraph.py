@@ -77,7 +77,9 @@ def code(path):
         if m.start() < i:
             continue
         out.append(s[i : m.start()])
-        if m.group(1) == "use":
+        semi = re.match(r"\s*\w+\s*;", s[m.end():])
+        if m.group(1) == "use" or (m.group(1) == "mod" and semi):
+            # `use …;` and a module in a file of its own (`mod tests;`).
             i = s.index(";", m.end()) + 1
             continue
         depth, j = 0, s.index("{", m.end())
