@@ -210,6 +210,7 @@ impl Kubelet {
             metrics,
             link.as_ref(),
         );
+        node_ctx.credential_providers = credential_providers(s, client.clone())?;
         let store = node_ctx.store.clone();
         node_ctx.services = client
             .clone()
@@ -797,6 +798,21 @@ async fn wait_for_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The image credential provider plugins of
+/// `--image-credential-provider-config`; a bad config or a missing
+/// executable is a start-up error, as upstream's.
+fn credential_providers(
+    s: &Settings,
+    client: Option<kube::Client>,
+) -> anyhow::Result<Option<Arc<pods::images::providers::CredentialProviders>>> {
+    let Some((config, bin_dir)) = &s.credential_providers else {
+        return Ok(None);
+    };
+    let p = pods::images::providers::CredentialProviders::load(config, bin_dir, client)?;
+    info!(config = %config.display(), providers = ?p, "image credential provider plugins");
+    Ok(Some(Arc::new(p)))
+}
+
 /// What pod specs are turned into runtime configs with.
 fn node_context(
     s: &Settings,
@@ -858,6 +874,7 @@ fn node_context(
         objects: client.map(|c| {
             Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn crate::pods::util::ObjectSource>
         }),
+        credential_providers: None,
     }
 }
 

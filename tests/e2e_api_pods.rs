@@ -23,6 +23,7 @@ crate::both_runtimes!(
     admission_rejects_pods_that_do_not_fit,
     env_reads_configmaps_and_secrets_through_the_node_authorizer,
     image_pull_secrets_authenticate_pulls,
+    credential_provider_plugins_authenticate_pulls,
 );
 
 fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
@@ -514,10 +515,10 @@ async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
         .await;
 }
 
-async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
-    use k8s_openapi::api::core::v1::Secret;
-    let admin = admin().await;
-    let reg = common::registry::Registry::start(false, Some(("puller", "s3cret")));
+/// A plain-HTTP registry requiring `user`'s password, holding busybox as
+/// `private/busybox:1`: (the registry, the image).
+fn private_registry(user: &str, password: &str) -> (common::registry::Registry, String) {
+    let reg = common::registry::Registry::start(false, Some((user, password)));
     let image = format!("{}/private/busybox:1", reg.host);
     let flags = reg.push_flags();
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -526,9 +527,12 @@ async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
         &format!("docker://{image}"),
         &args,
     );
-    let j = join(rt, "kl-pull");
-    if let Some(sock) = j.k.containerd_socket() {
-        // containerd reaches a plain-HTTP registry only where told to.
+    (reg, image)
+}
+
+/// containerd reaches a plain-HTTP registry only where told to.
+fn containerd_trusts_plain_http(k: &Kinglet, reg: &common::registry::Registry) {
+    if let Some(sock) = k.containerd_socket() {
         let d = sock.parent().unwrap().join("certs.d").join(&reg.host);
         std::fs::create_dir_all(&d).unwrap();
         std::fs::write(
@@ -540,6 +544,14 @@ async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
         )
         .unwrap();
     }
+}
+
+async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
+    use k8s_openapi::api::core::v1::Secret;
+    let admin = admin().await;
+    let (reg, image) = private_registry("puller", "s3cret");
+    let j = join(rt, "kl-pull");
+    containerd_trusts_plain_http(&j.k, &reg);
     let nodes: Api<Node> = Api::all(admin.clone());
     wait_ready(&nodes, &j.k.name, Duration::from_secs(30)).await;
     let name = j.k.name.clone();
@@ -607,4 +619,152 @@ async fn image_pull_secrets_authenticate_pulls(rt: Rt) {
     let _ = secrets
         .delete(&format!("{name}-pull"), &DeleteParams::default())
         .await;
+}
+
+/// The audience the test's credential provider asks tokens for.
+const PROVIDER_AUDIENCE: &str = "kinglet-test-registry";
+
+/// A credential provider plugin (a script written for the test) in
+/// service-account token mode, configured as upstream's
+/// `CredentialProviderConfig`: it records each request and answers the
+/// registry's credentials, cached by registry.
+fn provider_files(dir: &std::path::Path, host: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = format!(
+        "#!/bin/sh\nn=$(ls \"$REQUESTS\" | wc -l)\ncat > \"$REQUESTS/$n.json\"\ncat <<'EOF'\n{{\"apiVersion\":\"credentialprovider.kubelet.k8s.io/v1\",\"kind\":\"CredentialProviderResponse\",\"cacheKeyType\":\"Registry\",\"cacheDuration\":\"5m\",\"auth\":{{\"{host}\":{{\"username\":\"provided\",\"password\":\"t0ken\"}}}}}}\nEOF\n"
+    );
+    let exe = bin.join("test-registry-provider");
+    std::fs::write(&exe, script).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let requests = dir.join("requests");
+    std::fs::create_dir_all(&requests).unwrap();
+    let config = dir.join("credential-providers.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1\nkind: CredentialProviderConfig\nproviders:\n- name: test-registry-provider\n  matchImages: [\"{host}\"]\n  defaultCacheDuration: 1m\n  apiVersion: credentialprovider.kubelet.k8s.io/v1\n  env: [{{name: REQUESTS, value: \"{}\"}}]\n  tokenAttributes:\n    serviceAccountTokenAudience: {PROVIDER_AUDIENCE}\n    requireServiceAccount: true\n    cacheType: ServiceAccount\n",
+            requests.display()
+        ),
+    )
+    .unwrap();
+    (config, bin)
+}
+
+/// The node may ask tokens for the provider's audience (upstream's
+/// `ServiceAccountNodeAudienceRestriction`: an RBAC grant of the verb
+/// `request-serviceaccounts-token-audience`).
+async fn grant_audience(admin: &kube::Client, node: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let role: ClusterRole = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{node}-audience")},
+        "rules": [{"apiGroups": [""], "resources": [PROVIDER_AUDIENCE], "verbs": ["request-serviceaccounts-token-audience"]}]
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{node}-audience")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{node}-audience")},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")}]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// A pod pulls from a registry requiring a password through a credential
+/// provider plugin, as on ECR or Artifact Registry: no pull secret; the
+/// plugin is given a token of the pod's service account for its audience,
+/// bound to the pod; a second pod of the same registry is answered from
+/// the plugin's cache.
+async fn credential_provider_plugins_authenticate_pulls(rt: Rt) {
+    let admin = admin().await;
+    let (reg, image) = private_registry("provided", "t0ken");
+    let dir = tempfile::tempdir().unwrap();
+    let (config, bin) = provider_files(dir.path(), &reg.host);
+    let name = unique_name("kl-provider");
+    grant_audience(&admin, &name).await;
+    let (config, bin) = (config.display().to_string(), bin.display().to_string());
+    let logs = dir.path().join("logs").display().to_string();
+    let args = [
+        "--pod-log-dir",
+        logs.as_str(),
+        "--image-credential-provider-config",
+        config.as_str(),
+        "--image-credential-provider-bin-dir",
+        bin.as_str(),
+    ];
+    let k = Kinglet::start_rt(
+        rt,
+        &name,
+        FAST_CONFIG,
+        true,
+        &args,
+        &[common::pods::busybox_archive()],
+    );
+    containerd_trusts_plain_http(&k, &reg);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(30)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    for i in 0..2 {
+        let p: Pod = from_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{i}}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: '{image}', imagePullPolicy: Always, command: [sleep, '1000']}}\n"
+        ));
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        let running = within(Duration::from_secs(60), || async {
+            pods.get_opt(&format!("{name}-{i}"))
+                .await
+                .ok()
+                .flatten()
+                .filter(running)
+        })
+        .await;
+        assert!(running.is_some(), "pod {i} not Running:\n{}", k.log());
+    }
+    let requests: Vec<serde_json::Value> = (0..)
+        .map(|n| dir.path().join(format!("requests/{n}.json")))
+        .take_while(|p| p.exists())
+        .map(|p| serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        requests.len(),
+        1,
+        "the second pull is answered from the cache: {requests:?}"
+    );
+    let req = &requests[0];
+    assert_eq!(req["kind"], "CredentialProviderRequest");
+    assert_eq!(req["image"], image.as_str());
+    let claims = jwt_claims(req["serviceAccountToken"].as_str().expect("a token"));
+    assert_eq!(
+        claims["aud"],
+        serde_json::json!([PROVIDER_AUDIENCE]),
+        "{claims}"
+    );
+    let bound = &claims["kubernetes.io"];
+    assert_eq!(bound["pod"]["name"], format!("{name}-0"), "{claims}");
+    assert_eq!(bound["serviceaccount"]["name"], "default", "{claims}");
+    for i in 0..2 {
+        let _ = pods
+            .delete(
+                &format!("{name}-{i}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+}
+
+/// A JWT's claims (its payload, unverified: the apiserver made it).
+fn jwt_claims(token: &str) -> serde_json::Value {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).expect("a JWT");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
 }

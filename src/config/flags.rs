@@ -163,6 +163,19 @@ pub struct Flags {
     )]
     pub image_registry_config: PathBuf,
 
+    /// A CredentialProviderConfig file (kubelet.config.k8s.io/v1): the
+    /// image credential provider plugins to run for matching images.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "image_credential_provider_bin_dir"
+    )]
+    pub image_credential_provider_config: Option<PathBuf>,
+
+    /// The directory of the credential provider plugins' executables.
+    #[arg(long, value_name = "DIR")]
+    pub image_credential_provider_bin_dir: Option<PathBuf>,
+
     /// CNI network configuration directory; kinglet installs a default
     /// bridge conflist there if it holds none. Empty: pods use the host network.
     #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
@@ -230,6 +243,8 @@ pub struct Settings {
     pub root_dir: PathBuf,
     pub runtime: RuntimeKind,
     pub registry_config: PathBuf,
+    /// `--image-credential-provider-config` and its bin dir.
+    pub credential_providers: Option<(PathBuf, PathBuf)>,
     pub import_dir: PathBuf,
     pub pod_log_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
@@ -278,6 +293,10 @@ impl Flags {
             root_dir: self.root_dir.clone(),
             runtime: self.runtime,
             registry_config: self.image_registry_config.clone(),
+            credential_providers: self
+                .image_credential_provider_config
+                .clone()
+                .zip(self.image_credential_provider_bin_dir.clone()),
             pod_log_dir: self.pod_log_dir.clone(),
             max_connections: self.max_connections,
             cni_conf_dir: PathBuf::from(&self.cni_conf_dir),

@@ -62,6 +62,9 @@ pub struct NodeContext {
     pub services: Option<std::sync::Arc<crate::pods::services::Services>>,
     /// kinglet's Prometheus metrics (probes, pod starts, relists).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Image credential provider plugins, when configured.
+    pub credential_providers:
+        Option<std::sync::Arc<crate::pods::images::providers::CredentialProviders>>,
 }
 
 impl std::ops::Deref for NodeContext {
@@ -201,7 +204,11 @@ impl Worker {
         cache: Arc<PodCache>,
         rep: Reporter,
     ) -> Self {
-        let images = ImageManager::new(runtime.clone(), node.objects.clone());
+        let images = ImageManager::new(
+            runtime.clone(),
+            node.objects.clone(),
+            node.credential_providers.clone(),
+        );
         let start_time = Time(node.clock.now());
         Worker {
             uid,

@@ -1,5 +1,6 @@
 //! Images for a pod's containers: the pull policy, pulls with the pod's
-//! image pull secrets, and the image pull back-off, as upstream's
+//! image pull secrets and the credential provider plugins' credentials
+//! ([`providers`]), and the image pull back-off, as upstream's
 //! `images/image_manager.go`. Runtime-neutral: the runtime pulls.
 
 use std::collections::BTreeMap;
@@ -10,6 +11,7 @@ use kinglet_runtime::{ImageInfo, PullAuth, Runtime, WaitingReason, image};
 use tokio::time::Instant;
 
 pub mod gc;
+pub mod providers;
 
 use super::report::Reporter;
 use crate::pods::kuberuntime::plan::{Backoff, next_backoff};
@@ -24,14 +26,20 @@ pub type Waiting = (WaitingReason, String);
 pub struct ImageManager {
     runtime: Arc<dyn Runtime>,
     objects: Option<Arc<dyn ObjectSource>>,
+    providers: Option<Arc<providers::CredentialProviders>>,
     backoff: BTreeMap<String, Backoff>,
 }
 
 impl ImageManager {
-    pub fn new(runtime: Arc<dyn Runtime>, objects: Option<Arc<dyn ObjectSource>>) -> Self {
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        objects: Option<Arc<dyn ObjectSource>>,
+        providers: Option<Arc<providers::CredentialProviders>>,
+    ) -> Self {
         ImageManager {
             runtime,
             objects,
+            providers,
             backoff: BTreeMap::new(),
         }
     }
@@ -125,9 +133,29 @@ impl ImageManager {
         }
     }
 
-    /// Credentials for `image` from the pod's imagePullSecrets, tried in
-    /// order by the runtime, as upstream's keyring does.
+    /// Credentials for `image`, tried in order by the runtime as
+    /// upstream's keyring: the pod's imagePullSecrets, then what the
+    /// credential provider plugins give.
     async fn pull_auth(&self, rep: &Reporter, pod: &Pod, image: &str) -> Vec<PullAuth> {
+        let mut auth = self.secrets_auth(rep, pod, image).await;
+        if let Some(p) = &self.providers {
+            let (namespace, name) = crate::pods::util::namespace_and_name(pod);
+            let spec = pod.spec.as_ref();
+            let who = providers::PodIdentity {
+                namespace,
+                name,
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                service_account: spec
+                    .and_then(|s| s.service_account_name.clone())
+                    .unwrap_or_default(),
+            };
+            auth.extend(p.credentials(image, &who).await);
+        }
+        auth
+    }
+
+    /// Credentials for `image` from the pod's imagePullSecrets.
+    async fn secrets_auth(&self, rep: &Reporter, pod: &Pod, image: &str) -> Vec<PullAuth> {
         let names: Vec<String> = pod
             .spec
             .iter()
