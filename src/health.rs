@@ -39,8 +39,15 @@ impl Heartbeat {
     }
 
     pub fn beat(&self) {
-        let ms = self.start.elapsed().as_millis() as u64;
+        // At least 1: 0 means "never beaten".
+        let ms = (self.start.elapsed().as_millis() as u64).max(1);
         self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether it has beaten at all (an upgrade is committed only on real
+    /// beats, not on the fresh start).
+    pub fn beaten(&self) -> bool {
+        self.last_ms.load(Ordering::Relaxed) > 0
     }
 
     pub fn healthy(&self) -> bool {

@@ -624,6 +624,12 @@ impl Kubelet {
     ) -> anyhow::Result<()> {
         let cfg = &s.config;
         let checks = Arc::new(checks);
+        // An upgrade of this binary on trial commits itself here.
+        self.spawn(crate::upgrade::watch_trial(
+            s.root_dir.clone(),
+            checks.clone(),
+            self.shutdown.clone(),
+        ));
         if let Some(every) = health::watchdog_interval() {
             info!(interval = ?every, "systemd watchdog on");
             self.spawn(health::watchdog(
@@ -762,7 +768,11 @@ impl Kubelet {
     /// Runs until SIGTERM or SIGINT, then stops every task.
     pub async fn wait(self) -> anyhow::Result<()> {
         crate::health::notify_systemd("READY=1");
-        wait_for_signal().await?;
+        tokio::select! {
+            r = wait_for_signal() => r?,
+            // A part that must stop the agent (an upgrade's failed trial).
+            _ = self.shutdown.cancelled() => {}
+        }
         info!("shutting down");
         crate::health::notify_systemd("STOPPING=1");
         self.shutdown.cancel();

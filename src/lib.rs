@@ -20,3 +20,4 @@ pub mod pods;
 pub mod server;
 mod store;
 mod table;
+pub mod upgrade;

@@ -85,6 +85,40 @@ print("vm: /metrics/cadvisor on cgroup v2: app at %.2f s of CPU, %d KiB working 
     got["container_cpu_usage_seconds_total"], got["container_memory_working_set_bytes"] // 1024))
 ' || fail "/metrics/cadvisor on cgroup v2"
 
+# `kinglet upgrade` under systemd, the pod running throughout: first to a
+# binary that exits at start (it passes --version, as a bad build would):
+# the unit's guard puts the previous one back after its third start; then
+# to a good one (a copy of the installed binary), committed once healthy
+# for 10 s. The container is never restarted.
+upgrade_pod_unchanged() {
+  local r t
+  r=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
+  [ "$r" = "$restarts_before_upgrade" ] || fail "$1: the container restarted ($restarts_before_upgrade then $r)"
+  t=$(vm_guest_pod_exec "$uid" cat /tmp/ticks) || fail "$1: the pod does not run"
+  [ "${t:-0}" -gt "$ticks_before_upgrade" ] || fail "$1: the pod's ticks went from $ticks_before_upgrade to $t"
+}
+restarts_before_upgrade=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
+ticks_before_upgrade=$(vm_guest_pod_exec "$uid" cat /tmp/ticks) || fail "the pod does not run"
+sum_before=$(vm_ssh "$VM_KEY" 'sha256sum /usr/bin/kinglet' | cut -d' ' -f1)
+vm_ssh "$VM_KEY" 'printf "%s\n" "#!/bin/sh" "[ \"\$1\" = --version ] && { echo \"kinglet 9.9.9-broken\"; exit 0; }" "echo broken build >&2; exit 1" > /root/kinglet-broken && chmod 755 /root/kinglet-broken'
+t0=$(date +%s.%N)
+out=$(vm_ssh "$VM_KEY" 'kinglet upgrade --timeout 3m --commit-after 10s /root/kinglet-broken' 2>&1) && fail "the broken upgrade reported success: $out"
+t1=$(date +%s.%N)
+echo "$out" | grep -q 'rolled back: kinglet 9.9.9-broken was started 3 times' || fail "kinglet upgrade: $out"
+[ "$(vm_ssh "$VM_KEY" 'sha256sum /usr/bin/kinglet' | cut -d' ' -f1)" = "$sum_before" ] || fail "/usr/bin/kinglet is not the previous binary after the rollback"
+vm_ssh "$VM_KEY" 'systemctl is-active -q kinglet' || fail "kinglet not active after the rollback"
+vm_wait_node_ready 120
+upgrade_pod_unchanged "the rollback"
+echo "figure: vm $VM_ARCH $VM_RUNTIME upgrade to a binary that exits at start: rolled back by the unit's guard in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s, 0 container restarts"
+vm_ssh "$VM_KEY" 'cp /usr/bin/kinglet /root/kinglet-next'
+t0=$(date +%s.%N)
+out=$(vm_ssh "$VM_KEY" 'kinglet upgrade --timeout 3m --commit-after 10s /root/kinglet-next' 2>&1) || fail "the good upgrade: $out"
+t1=$(date +%s.%N)
+echo "$out" | grep -q 'committed' || fail "kinglet upgrade: $out"
+vm_wait_node_ready 120
+upgrade_pod_unchanged "the upgrade"
+echo "figure: vm $VM_ARCH $VM_RUNTIME upgrade to a good binary: committed after $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s (10 s of it healthy), 0 container restarts"
+
 # A reboot with the control plane unreachable: kinglet comes back by
 # itself (its unit is enabled) and runs the pod again, offline.
 restarts_before=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
