@@ -40,7 +40,7 @@ fn main() -> ExitCode {
             kinglet_runtime_oci::monitor::server::daemonize_and_serve(&dir),
         ),
         Some(Command::DemoApp) => demo::app(),
-        Some(cmd @ Command::Upgrade { .. }) => upgrade(cmd, &flags.root_dir),
+        Some(Command::Upgrade(args)) => upgrade(args, &flags.root_dir),
         Some(Command::UpgradeGuard) => {
             match kinglet::upgrade::guard(&flags.root_dir) {
                 Ok(Some(reason)) => eprintln!("kinglet upgrade-guard: rolled back: {reason}"),
@@ -242,44 +242,16 @@ fn under_journald() -> bool {
     v.to_str() == Some(&format!("{}:{}", m.dev(), m.ino()))
 }
 
-/// `kinglet upgrade`: the flags read, then [`kinglet::upgrade::run`].
-fn upgrade(cmd: Command, root_dir: &std::path::Path) -> ExitCode {
-    let Command::Upgrade {
-        binary,
-        sha256,
-        install_path,
-        timeout,
-        commit_after,
-        max_attempts,
-        unit,
-    } = cmd
-    else {
-        return ExitCode::FAILURE;
-    };
-    let duration = |flag: &str, v: &str| {
-        config::units::parse_go_duration(v).map_err(|e| format!("--{flag}: {e}"))
-    };
-    let options = (|| {
-        Ok::<_, String>(kinglet::upgrade::Options {
-            binary,
-            sha256,
-            install_path: match install_path {
-                Some(p) => p,
-                None => std::env::current_exe().map_err(|e| format!("--install-path: {e}"))?,
-            },
-            timeout: duration("timeout", &timeout)?,
-            commit_after: duration("commit-after", &commit_after)?,
-            max_attempts,
-            unit: (!unit.is_empty()).then_some(unit),
-        })
-    })();
-    let result =
-        options.and_then(|o| kinglet::upgrade::run(root_dir, &o).map_err(|e| e.to_string()));
+/// `kinglet upgrade`: [`kinglet::upgrade::run`], its outcome printed.
+fn upgrade(args: kinglet::upgrade::UpgradeArgs, root_dir: &std::path::Path) -> ExitCode {
+    let result = args
+        .options()
+        .and_then(|o| kinglet::upgrade::run(root_dir, &o));
     match result {
         Ok(outcome) => {
             println!("kinglet upgrade: {outcome}");
             ExitCode::SUCCESS
         }
-        Err(e) => exit("kinglet upgrade", Err::<(), _>(e)),
+        Err(e) => exit("kinglet upgrade", Err(e)),
     }
 }

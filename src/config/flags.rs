@@ -67,28 +67,7 @@ pub enum Command {
     /// Replace this node's kinglet with FILE and restart into it; the
     /// previous binary is put back on its own if the new one does not
     /// stay healthy in time (pods keep running throughout).
-    Upgrade {
-        #[arg(value_name = "FILE")]
-        binary: PathBuf,
-        /// The file's expected SHA-256, in hex.
-        #[arg(long, value_name = "HEX")]
-        sha256: Option<String>,
-        /// The binary the service runs [default: this one].
-        #[arg(long, value_name = "PATH")]
-        install_path: Option<PathBuf>,
-        /// How long the new binary has to be committed.
-        #[arg(long, value_name = "DURATION", default_value = "5m")]
-        timeout: String,
-        /// How long it must stay healthy (/healthz's checks) to be committed.
-        #[arg(long, value_name = "DURATION", default_value = "30s")]
-        commit_after: String,
-        /// Starts of the new binary before it is rolled back.
-        #[arg(long, value_name = "N", default_value_t = 3)]
-        max_attempts: u32,
-        /// The systemd unit to restart; empty: restart the agent yourself.
-        #[arg(long, value_name = "UNIT", default_value = "kinglet.service")]
-        unit: String,
-    },
+    Upgrade(crate::upgrade::UpgradeArgs),
     /// Run by the service before each start, as the previous binary: rolls
     /// back an upgrade whose trial failed.
     #[command(hide = true)]

@@ -40,6 +40,59 @@ use state::{Phase, State};
 /// The largest binary accepted.
 const MAX_BINARY: u64 = 64 << 20;
 
+/// `kinglet upgrade`'s command line.
+#[derive(Debug, clap::Args)]
+pub struct UpgradeArgs {
+    #[arg(value_name = "FILE")]
+    pub binary: PathBuf,
+    /// The file's expected SHA-256, in hex.
+    #[arg(long, value_name = "HEX")]
+    pub sha256: Option<String>,
+    /// The binary the service runs [default: this one].
+    #[arg(long, value_name = "PATH")]
+    pub install_path: Option<PathBuf>,
+    /// How long the new binary has to be committed.
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub timeout: String,
+    /// How long it must stay healthy (/healthz's checks) to be committed.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub commit_after: String,
+    /// Starts of the new binary before it is rolled back.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub max_attempts: u32,
+    /// The systemd unit to restart; empty: restart the agent yourself.
+    #[arg(long, value_name = "UNIT", default_value = "kinglet.service")]
+    pub unit: String,
+}
+
+impl UpgradeArgs {
+    /// The options, the durations parsed and the install path found.
+    pub fn options(self) -> Result<Options, UpgradeError> {
+        let duration = |flag: &'static str, v: &str| {
+            crate::config::units::parse_go_duration(v).map_err(|e| UpgradeError::Flag {
+                flag,
+                message: e.to_string(),
+            })
+        };
+        let install_path = match self.install_path {
+            Some(p) => p,
+            None => std::env::current_exe().map_err(|e| UpgradeError::Flag {
+                flag: "--install-path",
+                message: e.to_string(),
+            })?,
+        };
+        Ok(Options {
+            timeout: duration("--timeout", &self.timeout)?,
+            commit_after: duration("--commit-after", &self.commit_after)?,
+            binary: self.binary,
+            sha256: self.sha256,
+            install_path,
+            max_attempts: self.max_attempts,
+            unit: (!self.unit.is_empty()).then_some(self.unit),
+        })
+    }
+}
+
 /// What `kinglet upgrade` is asked.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -57,6 +110,8 @@ pub struct Options {
 /// Why an upgrade did not happen or did not stay.
 #[derive(Debug, thiserror::Error)]
 pub enum UpgradeError {
+    #[error("{flag}: {message}")]
+    Flag { flag: &'static str, message: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -106,7 +161,7 @@ pub fn run(root_dir: &Path, o: &Options) -> Result<String, UpgradeError> {
         phase: Phase::Trial,
         install_path: o.install_path.clone(),
         previous,
-        from_version: crate::config::flags::VERSION_LINE.into(),
+        from_version: env!("CARGO_PKG_VERSION").into(),
         to_version: to_version.clone(),
         started_at: now,
         deadline: now + o.timeout.as_secs() as i64,
