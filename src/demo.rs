@@ -158,7 +158,7 @@ pub fn prepare(root: &Path) -> anyhow::Result<std::path::PathBuf> {
     std::fs::write(
         &config,
         format!(
-            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\n",
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\nfailSwapOn: false\n",
             manifests.display()
         ),
     )?;

@@ -79,6 +79,8 @@ impl Kubelet {
         )
         .with_context(|| format!("cannot make root dir {} private", s.root_dir.display()))?;
         set_own_oom_score(s.config.oom_score_adj);
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        crate::cm::swap::check(s.config.fail_swap_on, &swaps)?;
         let mut k = Kubelet {
             shutdown: CancellationToken::new(),
             tasks: Vec::new(),
@@ -862,6 +864,10 @@ fn node_context(
             min_oom_score_adj,
             container_id_scheme: id_scheme.to_string(),
             etc_hosts: "/etc/hosts".into(),
+            swap: crate::cm::swap::detect(
+                std::path::Path::new("/sys/fs/cgroup"),
+                cfg.memory_swap.swap_behavior == "LimitedSwap",
+            ),
         },
         store: match crate::store::LocalStore::open(&s.root_dir) {
             Ok(st) => Some(Arc::new(st)),

@@ -205,7 +205,18 @@ pub struct KubeletConfiguration {
     pub register_node: bool,
     pub register_with_taints: Vec<Taint>,
     pub allowed_unsafe_sysctls: Vec<String>,
+    /// Refuse to start while swap is on (upstream's default).
+    pub fail_swap_on: bool,
+    pub memory_swap: MemorySwap,
     pub logging: Logging,
+}
+
+/// `memorySwap`: how pods may use the node's swap.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MemorySwap {
+    /// `NoSwap` (also when empty) or `LimitedSwap`.
+    pub swap_behavior: String,
 }
 
 impl Default for KubeletConfiguration {
@@ -260,6 +271,8 @@ impl Default for KubeletConfiguration {
             register_node: true,
             register_with_taints: Vec::new(),
             allowed_unsafe_sysctls: Vec::new(),
+            fail_swap_on: true,
+            memory_swap: MemorySwap::default(),
             logging: Logging::default(),
         }
     }
@@ -823,6 +836,15 @@ impl KubeletConfiguration {
     /// and the cgroup root.
     fn validate_resources(&self) -> Result<(), ConfigError> {
         self.eviction_thresholds()?;
+        if !["", "NoSwap", "LimitedSwap"].contains(&self.memory_swap.swap_behavior.as_str()) {
+            return Err(field_err(
+                "memorySwap.swapBehavior",
+                format!(
+                    "{:?} is not NoSwap or LimitedSwap",
+                    self.memory_swap.swap_behavior
+                ),
+            ));
+        }
         if !(-1000..=1000).contains(&self.oom_score_adj) {
             return Err(field_err(
                 "oomScoreAdj",

@@ -6,8 +6,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-/// `scheduling.SystemCriticalPriority`.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub use crate::pods::util::is_critical;
 
 /// One container's share of the resource being reclaimed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,16 +35,6 @@ impl Candidate {
     fn above_request(&self) -> i128 {
         i128::from(self.usage) - i128::from(self.request)
     }
-}
-
-/// Static pods, mirror pods and pods at system-critical priority.
-pub fn is_critical(pod: &Pod) -> bool {
-    let annotations = pod.metadata.annotations.as_ref();
-    let source = annotations.and_then(|a| a.get("kubernetes.io/config.source"));
-    let mirror = annotations.is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    let static_pod = source.is_some_and(|s| s != "api");
-    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-    static_pod || mirror || priority >= SYSTEM_CRITICAL_PRIORITY
 }
 
 /// Orders candidates, first to evict first.

@@ -37,6 +37,8 @@ pub struct MachineInfo {
     pub machine_id: String,
     pub system_uuid: String,
     pub boot_id: String,
+    /// `SwapTotal`, bytes.
+    pub swap_bytes: u64,
 }
 
 /// Memory readings from `/proc/meminfo`, in bytes.
@@ -176,6 +178,9 @@ impl HostPaths {
             machine_id: read_trimmed(&self.etc.join("machine-id")),
             system_uuid,
             boot_id: read_trimmed(&self.proc.join("sys/kernel/random/boot_id")),
+            swap_bytes: crate::cm::swap::capacity(
+                &std::fs::read_to_string(self.proc.join("meminfo")).unwrap_or_default(),
+            ),
         }
     }
 

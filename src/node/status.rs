@@ -353,6 +353,9 @@ impl StatusBuilder {
             operating_system: "linux".into(),
             os_image: m.os_image.clone(),
             system_uuid: m.system_uuid.clone(),
+            swap: Some(k8s_openapi::api::core::v1::NodeSwapStatus {
+                capacity: Some(i64::try_from(m.swap_bytes).unwrap_or(i64::MAX)),
+            }),
             ..Default::default()
         }
     }
@@ -486,6 +489,7 @@ mod tests {
                 machine_id: "m".into(),
                 system_uuid: "u".into(),
                 boot_id: "b".into(),
+                swap_bytes: 512 << 20,
             },
             max_pods: cfg.max_pods,
             kubelet_version: "v1.37.2".into(),
@@ -553,6 +557,9 @@ mod tests {
         cfg.kube_reserved.insert("memory".into(), "100Mi".into());
         let mut b = builder(&cfg);
         let s = b.build(&readings(1 << 30), Instant::now(), wall(0));
+        // The node's swap, as upstream's nodeInfo.swap.
+        let swap = s.node_info.as_ref().unwrap().swap.as_ref().unwrap();
+        assert_eq!(swap.capacity, Some(512 << 20));
         let cap = s.capacity.as_ref().unwrap();
         let alloc = s.allocatable.as_ref().unwrap();
         assert_eq!(cap["cpu"].0, "4");

@@ -37,6 +37,8 @@ pub struct NodeFacts {
     pub container_id_scheme: String,
     /// The node's hosts file, which hostNetwork pods get (empty: `/etc/hosts`).
     pub etc_hosts: String,
+    /// The node's swap, for containers' swap limits.
+    pub swap: crate::cm::swap::NodeSwap,
 }
 
 /// The wall clock container times are compared with. `System` in
@@ -246,6 +248,20 @@ pub fn contained_child(base: &std::path::Path, name: &str) -> Option<std::path::
 /// one plain directory under the log root.
 pub fn pod_log_dir(pod: &Pod, node: &NodeFacts) -> Option<std::path::PathBuf> {
     contained_child(std::path::Path::new(&node.log_root), &log_dir_name(pod))
+}
+
+/// `scheduling.SystemCriticalPriority`.
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// Static pods, mirror pods and pods at system-critical priority
+/// (upstream's `IsCriticalPod`: never evicted, never given swap).
+pub fn is_critical(pod: &Pod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    let source = annotations.and_then(|a| a.get("kubernetes.io/config.source"));
+    let mirror = annotations.is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let static_pod = source.is_some_and(|s| s != "api");
+    let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+    static_pod || mirror || priority >= SYSTEM_CRITICAL_PRIORITY
 }
 
 /// The pod's namespace (`default` if unset) and name.

@@ -33,9 +33,9 @@ cg=$(vm_ssh "$VM_KEY" "find /sys/fs/cgroup -type d \( -name '*${uid//-/_}*' -o -
 [ -n "$cg" ] || fail "no cgroup for pod $uid in the guest"
 echo "vm: pod cgroup $cg"
 case "$cg" in *urstable*) ;; *) fail "pod cgroup $cg is not in the burstable tier" ;; esac
-limits=$(vm_ssh "$VM_KEY" "for d in $cg/*/; do [ -f \$d/memory.max ] && echo \$(cat \$d/memory.max) \$(cat \$d/cpu.max) \$(cat \$d/cpu.weight); done")
-echo "vm: container cgroup memory.max cpu.max cpu.weight: $limits"
-echo "$limits" | grep -q '^67108864 20000 100000 ' || fail "container limits on cgroup v2: got '$limits'"
+limits=$(vm_ssh "$VM_KEY" "for d in $cg/*/; do [ -f \$d/memory.max ] && echo \$(cat \$d/memory.max) \$(cat \$d/cpu.max) \$(cat \$d/cpu.weight) \$(cat \$d/memory.swap.max); done")
+echo "vm: container cgroup memory.max cpu.max cpu.weight memory.swap.max: $limits"
+echo "$limits" | grep -q '^67108864 20000 100000 [0-9]* 0$' || fail "container limits on cgroup v2 (NoSwap: memory.swap.max 0): got '$limits'"
 
 # Through the apiserver to the guest's kubelet API.
 kubectl logs vm-smoke -c app | grep -qx started || fail "kubectl logs: no 'started'"
@@ -84,6 +84,37 @@ assert got.get("pod container_network_receive_bytes_total", 0) > 0, got
 print("vm: /metrics/cadvisor on cgroup v2: app at %.2f s of CPU, %d KiB working set, limits 64Mi and 20000/100000" % (
     got["container_cpu_usage_seconds_total"], got["container_memory_working_set_bytes"] // 1024))
 ' || fail "/metrics/cadvisor on cgroup v2"
+
+# Swap on (a swap file, as on a Pi): kinglet starts with it (the packaged
+# config's failSwapOn: false) and reports it in nodeInfo.swap; with
+# LimitedSwap, a Burstable container's memory.swap.max is its memory
+# request's share of the swap, upstream's formula, and a container without a
+# memory request gets none.
+vm_ssh "$VM_KEY" 'fallocate -l 96M /swapfile && chmod 600 /swapfile && mkswap -q /swapfile && swapon /swapfile &&
+  sed -i "s/swapBehavior: NoSwap/swapBehavior: LimitedSwap/" /etc/kinglet/config.yaml && systemctl restart kinglet' ||
+  fail "swap on and LimitedSwap"
+vm_wait_node_ready 120
+read -r mem_kib swap_kib < <(vm_ssh "$VM_KEY" "awk '/^MemTotal:/ {m=\$2} /^SwapTotal:/ {s=\$2} END {print m, s}' /proc/meminfo")
+[ "$(kubectl get node kinglet-vm -o jsonpath='{.status.nodeInfo.swap.capacity}')" = "$((swap_kib * 1024))" ] ||
+  fail "nodeInfo.swap.capacity is not the guest's SwapTotal ($swap_kib KiB)"
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: vm-swap}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: swapper, image: $REGISTRY/kinglet/busybox:1, command: [sleep, "3600"], resources: {requests: {memory: 32Mi}, limits: {memory: 64Mi}}}
+  - {name: none, image: $REGISTRY/kinglet/busybox:1, command: [sleep, "3600"]}
+YAML
+kubectl wait --for=condition=Ready pod/vm-swap --timeout=120s >/dev/null || fail "vm-swap not Ready"
+swap_uid=$(kubectl get pod vm-swap -o jsonpath='{.metadata.uid}')
+want=$(python3 -c "print(int((32 << 20) / ($mem_kib * 1024) * ($swap_kib * 1024)))")
+got=$(vm_ssh "$VM_KEY" "d=\$(find /sys/fs/cgroup -type d -name 'pod$swap_uid' | head -n1); cat \$d/*/memory.swap.max | sort -n | tr '\n' ' '")
+# (Through CRI the pause container's cgroup is among them too.)
+case " $got" in *" 0 "*" $want "*) ;; *) fail "LimitedSwap: memory.swap.max of the pod's cgroups '$got', want 0 and $want" ;; esac
+echo "vm: LimitedSwap on cgroup v2: memory.swap.max $want for 32Mi of ${mem_kib} KiB with ${swap_kib} KiB of swap, 0 without a memory request"
+kubectl delete pod vm-swap --wait=true --timeout=60s >/dev/null
 
 # `kinglet upgrade` under systemd, the pod running throughout: first to a
 # binary that exits at start (it passes --version, as a bad build would):

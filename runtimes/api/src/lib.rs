@@ -206,6 +206,11 @@ pub struct ContainerConfig {
     pub log_path: String,
     pub mounts: Vec<Mount>,
     pub memory_limit: Option<i64>,
+    /// Memory plus swap (CRI `memory_swap_limit_in_bytes`, cgroup v1's
+    /// `memory.memsw.limit_in_bytes`).
+    pub memory_swap_limit: Option<i64>,
+    /// cgroup v2 files to write (CRI `unified`): `memory.swap.max`.
+    pub unified: std::collections::BTreeMap<String, String>,
     pub cpu_shares: Option<u64>,
     pub cpu_quota: Option<i64>,
     pub pids_limit: Option<i64>,

@@ -159,6 +159,8 @@ pub(crate) fn container_config(
                 cpu_quota: cfg.cpu_quota.unwrap_or(0),
                 cpu_shares: cfg.cpu_shares.unwrap_or(0) as i64,
                 memory_limit_in_bytes: cfg.memory_limit.unwrap_or(0),
+                memory_swap_limit_in_bytes: cfg.memory_swap_limit.unwrap_or(0),
+                unified: cfg.unified.clone().into_iter().collect(),
                 oom_score_adj: cfg.oom_score_adj.unwrap_or(0) as i64,
                 ..Default::default()
             }),

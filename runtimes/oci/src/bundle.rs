@@ -93,6 +93,8 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
             input.id
         ),
         memory_limit: cfg.memory_limit,
+        memory_swap_limit: cfg.memory_swap_limit,
+        unified: cfg.unified.clone(),
         cpu_shares: cfg.cpu_shares,
         cpu_quota: cfg.cpu_quota,
         cpu_period: cfg.cpu_quota.map(|_| 100_000),

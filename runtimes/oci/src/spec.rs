@@ -70,6 +70,8 @@ pub struct ContainerConfig {
     /// `kubepods/<qos>/pod<uid>/<container>` (cgroupfs driver).
     pub cgroups_path: String,
     pub memory_limit: Option<i64>,
+    pub memory_swap_limit: Option<i64>,
+    pub unified: std::collections::BTreeMap<String, String>,
     pub cpu_shares: Option<u64>,
     pub cpu_quota: Option<i64>,
     pub cpu_period: Option<u64>,
@@ -205,6 +207,12 @@ impl ContainerConfig {
         }
         if let Some(m) = self.memory_limit {
             resources["memory"] = json!({"limit": m});
+        }
+        if let Some(m) = self.memory_swap_limit {
+            resources["memory"]["swap"] = json!(m);
+        }
+        if !self.unified.is_empty() {
+            resources["unified"] = json!(self.unified);
         }
         let mut cpu = serde_json::Map::new();
         if let Some(s) = self.cpu_shares {

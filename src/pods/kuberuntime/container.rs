@@ -158,6 +158,7 @@ pub fn container_config(
     groups.extend(pod_sc.fs_group.map(|g| g as u32));
     let (mounts, sub_paths) = volume_mounts(pod, c, node, &values)?;
     let limits = Limits::of(c);
+    let swap = super::swap::container_swap(pod, c, &node.swap, node.memory_capacity, limits.memory);
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
     let cfg = ContainerConfig {
@@ -174,6 +175,12 @@ pub fn container_config(
         log_path: format!("{}/{attempt}.log", c.name),
         mounts,
         memory_limit: limits.memory,
+        memory_swap_limit: swap.memory_swap,
+        unified: swap
+            .swap_max
+            .map(|v| ("memory.swap.max".to_string(), v.to_string()))
+            .into_iter()
+            .collect(),
         cpu_shares: Some(limits.cpu_shares),
         cpu_quota: limits.cpu_quota,
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),

@@ -9,3 +9,4 @@ pub mod container;
 pub mod env;
 pub mod plan;
 pub mod sandbox;
+pub mod swap;
