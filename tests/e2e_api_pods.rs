@@ -24,6 +24,7 @@ crate::both_runtimes!(
     env_reads_configmaps_and_secrets_through_the_node_authorizer,
     image_pull_secrets_authenticate_pulls,
     credential_provider_plugins_authenticate_pulls,
+    a_pod_asking_its_own_user_namespace_is_refused_not_run_as_the_host,
 );
 
 fn from_yaml<T: serde::de::DeserializeOwned>(y: &str) -> T {
@@ -767,4 +768,73 @@ fn jwt_claims(token: &str) -> serde_json::Value {
         .decode(payload)
         .unwrap();
     serde_json::from_slice(&bytes).unwrap()
+}
+
+/// `hostUsers: false` asks for a user namespace of the pod's own; neither
+/// kinglet's runtime nor this containerd (1.6) has them, so the pod is
+/// refused with upstream's event (its containers never start as the
+/// host's root), while the same pod without it runs.
+async fn a_pod_asking_its_own_user_namespace_is_refused_not_run_as_the_host(rt: Rt) {
+    let admin = admin().await;
+    let j = join(rt, "kl-userns");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &j.k.name, Duration::from_secs(30)).await;
+    let name = j.k.name.clone();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    for (suffix, host_users) in [("own", false), ("host", true)] {
+        let p: Pod = from_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{suffix}}}\nspec:\n  nodeName: {name}\n  hostUsers: {host_users}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000']}}\n"
+        ));
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let own = format!("{name}-own");
+    let note = wait_for(
+        "FailedCreatePodSandBox",
+        Duration::from_secs(30),
+        || async {
+            let evs = events.list(&ListParams::default()).await.ok()?;
+            evs.items.into_iter().find_map(|e| {
+                let about = e.regarding.as_ref()?.name.as_deref()? == own;
+                (about && e.reason.as_deref() == Some("FailedCreatePodSandBox")).then_some(e.note?)
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        note,
+        "Failed to create pod sandbox: RuntimeClass handler \"\" does not support user namespaces"
+    );
+    wait_for(
+        "the hostUsers: true pod Running",
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt(&format!("{name}-host"))
+                .await
+                .ok()
+                .flatten()
+                .filter(running)
+        },
+    )
+    .await;
+    let p = pods.get(&own).await.unwrap();
+    let st = p.status.unwrap_or_default();
+    assert_eq!(st.phase.as_deref(), Some("Pending"));
+    let waiting = st.container_statuses.unwrap_or_default()[0]
+        .state
+        .clone()
+        .unwrap_or_default()
+        .waiting;
+    assert_eq!(
+        waiting.and_then(|w| w.reason).as_deref(),
+        Some("ContainerCreating")
+    );
+    for suffix in ["own", "host"] {
+        let _ = pods
+            .delete(
+                &format!("{name}-{suffix}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
 }

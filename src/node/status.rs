@@ -353,7 +353,8 @@ impl StatusBuilder {
             operating_system: "linux".into(),
             os_image: m.os_image.clone(),
             system_uuid: m.system_uuid.clone(),
-            swap: Some(k8s_openapi::api::core::v1::NodeSwapStatus {
+            // Only with swap: the apiserver refuses a capacity of 0.
+            swap: (m.swap_bytes > 0).then(|| k8s_openapi::api::core::v1::NodeSwapStatus {
                 capacity: Some(i64::try_from(m.swap_bytes).unwrap_or(i64::MAX)),
             }),
             ..Default::default()
@@ -515,6 +516,7 @@ mod tests {
                 c(ConditionKind::RuntimeReady),
                 c(ConditionKind::NetworkReady),
             ],
+            user_namespaces: false,
         }
     }
 

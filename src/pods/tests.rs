@@ -519,3 +519,18 @@ async fn a_created_container_that_will_not_start_is_replaced_after_a_back_off() 
     assert_eq!(cs[0].state, ContainerState::Running);
     n.stop.cancel();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_asking_its_own_user_namespace_is_not_run_in_the_hosts() {
+    let n = node();
+    let spec = format!("  hostUsers: false\n{ONE}");
+    n.send(vec![pod("u1", &spec)]).await;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    // No sandbox, no container: upstream refuses it in the sandbox config.
+    assert_eq!(n.calls("run_pod_sandbox"), 0, "{:?}", n.rt.calls());
+    assert_eq!(n.calls("create"), 0);
+    assert_ne!(n.phase("u1").as_deref(), Some("Running"));
+    // hostUsers: true (or unset) runs as before.
+    n.run(pod("u2", &format!("  hostUsers: true\n{ONE}"))).await;
+    n.stop.cancel();
+}

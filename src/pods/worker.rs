@@ -670,6 +670,13 @@ impl Worker {
         if let Some(s) = &self.sandbox {
             return Ok(s.id.clone());
         }
+        if let Err(e) = self.user_namespaces_supported(pod).await {
+            let msg = format!("Failed to create pod sandbox: {e}");
+            self.rep
+                .event(pod, "Warning", "FailedCreatePodSandBox", msg)
+                .await;
+            return Err(RETRY);
+        }
         match self.runtime.run_pod_sandbox(sb).await {
             Ok(s) => {
                 self.acted();
@@ -684,6 +691,21 @@ impl Worker {
                     .await;
                 Err(RETRY)
             }
+        }
+    }
+
+    /// `hostUsers: false` asks a user namespace of the pod's own: refused
+    /// with upstream's message unless the runtime's default handler has
+    /// them (neither kinglet's runtime nor containerd before 1.7 does).
+    async fn user_namespaces_supported(&self, pod: &Pod) -> Result<(), String> {
+        let wanted = pod.spec.as_ref().and_then(|s| s.host_users) == Some(false);
+        if !wanted {
+            return Ok(());
+        }
+        match self.runtime.status().await {
+            Ok(s) if s.user_namespaces => Ok(()),
+            Ok(_) => Err("RuntimeClass handler \"\" does not support user namespaces".into()),
+            Err(e) => Err(e.to_string()),
         }
     }
 

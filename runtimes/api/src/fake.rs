@@ -83,6 +83,7 @@ impl FakeRuntime {
                         cond(ConditionKind::RuntimeReady),
                         cond(ConditionKind::NetworkReady),
                     ],
+                    user_namespaces: false,
                 },
                 seq: 0,
                 sandboxes: BTreeMap::new(),

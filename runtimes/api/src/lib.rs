@@ -96,6 +96,10 @@ pub enum ConditionKind {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeStatus {
     pub conditions: Vec<RuntimeCondition>,
+    /// The default handler runs pods in user namespaces of their own
+    /// (CRI `RuntimeHandlerFeatures.user_namespaces`): `hostUsers: false`
+    /// pods are refused otherwise, as upstream refuses them.
+    pub user_namespaces: bool,
 }
 
 impl RuntimeStatus {

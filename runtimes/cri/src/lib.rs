@@ -350,7 +350,7 @@ impl Runtime for CriRuntime {
 
     fn status(&self) -> BoxFuture<'_, Result<RuntimeStatus, RuntimeError>> {
         Box::pin(async move {
-            let st = self
+            let resp = self
                 .rt()
                 .status(request(
                     proto::StatusRequest { verbose: false },
@@ -358,10 +358,17 @@ impl Runtime for CriRuntime {
                 ))
                 .await
                 .map_err(|e| status_err("Status", e))?
-                .into_inner()
-                .status
-                .unwrap_or_default();
+                .into_inner();
+            // The default handler's features (containerd 1.7+ reports them).
+            let user_namespaces = resp
+                .runtime_handlers
+                .iter()
+                .find(|h| h.name.is_empty())
+                .and_then(|h| h.features.as_ref())
+                .is_some_and(|f| f.user_namespaces);
+            let st = resp.status.unwrap_or_default();
             Ok(RuntimeStatus {
+                user_namespaces,
                 conditions: st
                     .conditions
                     .into_iter()

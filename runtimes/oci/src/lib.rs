@@ -640,6 +640,8 @@ impl Runtime for OciRuntime {
             };
             Ok(RuntimeStatus {
                 conditions: vec![runtime, network],
+                // libcontainer 0.7 cannot idmap a pod's volumes yet.
+                user_namespaces: false,
             })
         })
     }
