@@ -657,26 +657,9 @@ fn provider_files(dir: &std::path::Path, host: &str) -> (std::path::PathBuf, std
 /// `ServiceAccountNodeAudienceRestriction`: an RBAC grant of the verb
 /// `request-serviceaccounts-token-audience`).
 async fn grant_audience(admin: &kube::Client, node: &str) {
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{node}-audience")},
-        "rules": [{"apiGroups": [""], "resources": [PROVIDER_AUDIENCE], "verbs": ["request-serviceaccounts-token-audience"]}]
-    }))
-    .unwrap();
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": format!("{node}-audience")},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{node}-audience")},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")}]
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let rules = serde_json::json!([{"apiGroups": [""], "resources": [PROVIDER_AUDIENCE], "verbs": ["request-serviceaccounts-token-audience"]}]);
+    let subject = serde_json::json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": format!("system:node:{node}")});
+    grant_cluster_role(admin, &format!("{node}-audience"), rules, subject).await;
 }
 
 /// A pod pulls from a registry requiring a password through a credential
@@ -758,6 +741,7 @@ async fn credential_provider_plugins_authenticate_pulls(rt: Rt) {
             )
             .await;
     }
+    revoke_cluster_role(&admin, &format!("{name}-audience")).await;
 }
 
 /// A JWT's claims (its payload, unverified: the apiserver made it).

@@ -245,29 +245,15 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
     // Granted `nodes/stats` only (what a monitoring agent gets): stats
     // answer, exec and the rest stay refused. SubjectAccessReview answers
     // are cached (denials 30 s), so this is a second account.
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     let stats_sa = format!("{node}-stats");
     let sa: ServiceAccount =
         serde_json::from_value(serde_json::json!({"metadata": {"name": stats_sa}})).unwrap();
     sas.create(&PostParams::default(), &sa).await.unwrap();
-    let role: ClusterRole = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": stats_sa},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}]
-    }))
-    .unwrap();
-    let roles: Api<ClusterRole> = Api::all(admin.clone());
-    roles.create(&PostParams::default(), &role).await.unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": stats_sa},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": stats_sa},
-        "subjects": [{"kind": "ServiceAccount", "name": stats_sa, "namespace": "default"}]
-    }))
-    .unwrap();
-    let bindings: Api<ClusterRoleBinding> = Api::all(admin.clone());
-    bindings
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
+    let rules =
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}]);
+    let subject =
+        serde_json::json!({"kind": "ServiceAccount", "name": stats_sa, "namespace": "default"});
+    grant_cluster_role(&admin, &stats_sa, rules, subject).await;
     let bearer = bearer_of(&sas, &stats_sa, &tr).await;
     // RBAC reaches the authorizer's cache within a moment.
     wait_for("nodes/stats allowed", Duration::from_secs(60), || async {
@@ -281,8 +267,7 @@ async fn unauthenticated_and_unauthorized_callers_are_refused(rt: Rt) {
     ] {
         assert_eq!(curl(&["-H", &bearer, &url(path)]), "403", "{path}");
     }
-    let _ = bindings.delete(&stats_sa, &DeleteParams::default()).await;
-    let _ = roles.delete(&stats_sa, &DeleteParams::default()).await;
+    revoke_cluster_role(&admin, &stats_sa).await;
     let _ = sas.delete(&stats_sa, &DeleteParams::default()).await;
     let _ = sas.delete(&sa_name, &DeleteParams::default()).await;
 }
@@ -995,6 +980,10 @@ async fn cadvisor_metrics_scraped_by_prometheus(k: &Kinglet, admin: &kube::Clien
     );
     assert!(cores > 0.1, "{cores} cores");
     assert!(bytes >= f64::from(20 << 20), "{bytes} bytes");
+    let sa_name = format!("{}-prometheus", k.name);
+    revoke_cluster_role(admin, &sa_name).await;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let _ = sas.delete(&sa_name, &DeleteParams::default()).await;
 }
 
 /// A Prometheus server of the test's own (`prometheus` from Debian),
@@ -1009,32 +998,16 @@ impl Prometheus {
     /// Scrapes `/metrics/cadvisor` of `node` as kube-prometheus' kubelet
     /// ServiceMonitor does, every second.
     async fn start(admin: &kube::Client, node: &str) -> Prometheus {
-        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
         let sa_name = format!("{node}-prometheus");
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
         let sa: ServiceAccount =
             serde_json::from_value(serde_json::json!({"metadata": {"name": sa_name}})).unwrap();
         sas.create(&PostParams::default(), &sa).await.unwrap();
         // prometheus-k8s's rules in kube-prometheus, for nodes.
-        let role: ClusterRole = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": sa_name},
-            "rules": [{"apiGroups": [""], "resources": ["nodes", "nodes/metrics"], "verbs": ["get", "list", "watch"]}]
-        }))
-        .unwrap();
-        Api::<ClusterRole>::all(admin.clone())
-            .create(&PostParams::default(), &role)
-            .await
-            .unwrap();
-        let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": sa_name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa_name},
-            "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": "default"}]
-        }))
-        .unwrap();
-        Api::<ClusterRoleBinding>::all(admin.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap();
+        let rules = serde_json::json!([{"apiGroups": [""], "resources": ["nodes", "nodes/metrics"], "verbs": ["get", "list", "watch"]}]);
+        let subject =
+            serde_json::json!({"kind": "ServiceAccount", "name": sa_name, "namespace": "default"});
+        grant_cluster_role(admin, &sa_name, rules, subject).await;
         let tr: k8s_openapi::api::authentication::v1::TokenRequest =
             serde_json::from_value(serde_json::json!({"spec": {"expirationSeconds": 600}}))
                 .unwrap();

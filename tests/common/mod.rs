@@ -700,3 +700,44 @@ pub fn output_ok(cmd: &mut Command) -> std::process::Output {
     );
     out
 }
+
+/// A ClusterRole `name` with `rules`, bound to `subject` (RBAC's JSON:
+/// `{"kind": "User", "name": …}` or a ServiceAccount with its namespace).
+pub async fn grant_cluster_role(
+    admin: &Client,
+    name: &str,
+    rules: serde_json::Value,
+    subject: serde_json::Value,
+) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::PostParams;
+    let role: ClusterRole =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "rules": rules}))
+            .unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [subject]
+    }))
+    .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// Removes what [`grant_cluster_role`] made.
+pub async fn revoke_cluster_role(admin: &Client, name: &str) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let dp = kube::api::DeleteParams::default();
+    let _ = Api::<ClusterRoleBinding>::all(admin.clone())
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<ClusterRole>::all(admin.clone())
+        .delete(name, &dp)
+        .await;
+}
