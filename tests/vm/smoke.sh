@@ -110,6 +110,9 @@ YAML
 kubectl wait --for=condition=Ready pod/vm-swap --timeout=120s >/dev/null || fail "vm-swap not Ready"
 swap_uid=$(kubectl get pod vm-swap -o jsonpath='{.metadata.uid}')
 want=$(python3 -c "print(int((32 << 20) / ($mem_kib * 1024) * ($swap_kib * 1024)))")
+# The kernel keeps it rounded down to a page.
+page=$(vm_ssh "$VM_KEY" getconf PAGESIZE)
+want=$(( want / page * page ))
 got=$(vm_ssh "$VM_KEY" "d=\$(find /sys/fs/cgroup -type d -name 'pod$swap_uid' | head -n1); cat \$d/*/memory.swap.max | sort -n | tr '\n' ' '")
 # (Through CRI the pause container's cgroup is among them too.)
 case " $got" in *" 0 "*" $want "*) ;; *) fail "LimitedSwap: memory.swap.max of the pod's cgroups '$got', want 0 and $want" ;; esac
