@@ -115,7 +115,8 @@ page=$(vm_ssh "$VM_KEY" getconf PAGESIZE)
 want=$(( want / page * page ))
 got=$(vm_ssh "$VM_KEY" "d=\$(find /sys/fs/cgroup -type d -name 'pod$swap_uid' | head -n1); cat \$d/*/memory.swap.max | sort -n | tr '\n' ' '")
 # (Through CRI the pause container's cgroup is among them too.)
-case " $got" in *" 0 "*" $want "*) ;; *) fail "LimitedSwap: memory.swap.max of the pod's cgroups '$got', want 0 and $want" ;; esac
+{ echo " $got" | grep -q " 0 " && echo " $got" | grep -q " $want "; } ||
+  fail "LimitedSwap: memory.swap.max of the pod's cgroups '$got', want 0 and $want"
 echo "vm: LimitedSwap on cgroup v2: memory.swap.max $want for 32Mi of ${mem_kib} KiB with ${swap_kib} KiB of swap, 0 without a memory request"
 kubectl delete pod vm-swap --wait=true --timeout=60s >/dev/null
 
