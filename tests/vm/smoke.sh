@@ -164,6 +164,7 @@ for _ in $(seq 1 60); do vm_ssh "$VM_KEY" true 2>/dev/null || break; sleep 1; do
 vm_wait_ssh 600
 vm_wait_guest_pod_running vm-smoke "$uid" 300
 offline_running=$(vm_uptime)
+vm_ssh "$VM_KEY" 'systemd-analyze blame --no-pager | head -n 15; systemd-analyze critical-chain kinglet.service --no-pager; systemctl show kinglet -p ExecStartPre -p ExecMainStartTimestampMonotonic -p ActiveEnterTimestampMonotonic -p InactiveExitTimestampMonotonic; journalctl -b -u kinglet -o short-monotonic --no-pager | head -n 25' >&2 || true
 echo "figure: vm $VM_ARCH $VM_RUNTIME reboot offline: kinglet active $(vm_since_boot kinglet) s after boot, the pod Running at $offline_running s"
 # Running means its process: the ticks grow.
 t1=$(vm_guest_pod_exec "$uid" cat /tmp/ticks) || fail "the pod does not run offline"
