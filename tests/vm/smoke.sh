@@ -119,6 +119,10 @@ got=$(vm_ssh "$VM_KEY" "d=\$(find /sys/fs/cgroup -type d -name 'pod$swap_uid' | 
   fail "LimitedSwap: memory.swap.max of the pod's cgroups '$got', want 0 and $want"
 echo "vm: LimitedSwap on cgroup v2: memory.swap.max $want for 32Mi of ${mem_kib} KiB with ${swap_kib} KiB of swap, 0 without a memory request"
 kubectl delete pod vm-swap --wait=true --timeout=60s >/dev/null
+# Swap off again and NoSwap back (in effect at the next restart: the
+# upgrade's below).
+vm_ssh "$VM_KEY" 'swapoff /swapfile && rm /swapfile && sed -i "s/swapBehavior: LimitedSwap/swapBehavior: NoSwap/" /etc/kinglet/config.yaml' ||
+  fail "swap off"
 
 # `kinglet upgrade` under systemd, the pod running throughout: first to a
 # binary that exits at start (it passes --version, as a bad build would):
