@@ -867,6 +867,7 @@ fn node_context(
             swap: crate::cm::swap::detect(
                 std::path::Path::new("/sys/fs/cgroup"),
                 cfg.memory_swap.swap_behavior == "LimitedSwap",
+                host.machine.swap_bytes,
             ),
         },
         store: match crate::store::LocalStore::open(&s.root_dir) {

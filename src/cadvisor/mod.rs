@@ -165,7 +165,6 @@ pub struct Inputs {
     /// cgroup v2 the root has no `memory.current`.
     pub node_cpu_nanos: u64,
     pub node_memory: (u64, u64),
-    pub machine: Machine,
 }
 
 /// Reads every series. Blocking (cgroup and `/proc` files): run it off
@@ -217,14 +216,12 @@ fn pod_series(inp: &Inputs, h: Hierarchy, pod: &PodRef) -> Vec<Series> {
         ..Series::default()
     };
     let mut out = Vec::new();
-    let mut all_pids = Vec::new();
     for c in inp.containers.iter().filter(|c| c.pod_uid == pod.uid) {
         let crel = format!("{rel}/{}", c.id);
         if !CgroupStats::exists(&inp.cgroup_root, h, &crel) {
             continue;
         }
         let stats = CgroupStats::read(&inp.cgroup_root, h, &crel);
-        all_pids.extend(&stats.tasks.procs);
         out.push(Series {
             id: format!("/{crel}"),
             container: c.name.clone(),
@@ -240,7 +237,7 @@ fn pod_series(inp: &Inputs, h: Hierarchy, pod: &PodRef) -> Vec<Series> {
     let stats = CgroupStats::read(&inp.cgroup_root, h, rel);
     // The pod's processes: its own and those of every child (its
     // containers, and a CRI sandbox's pause process).
-    all_pids.extend(&stats.tasks.procs);
+    let mut all_pids = stats.tasks.procs.clone();
     all_pids.extend(children_procs(&inp.cgroup_root, h, rel));
     all_pids.sort_unstable();
     all_pids.dedup();

@@ -74,7 +74,6 @@ fn v2_node(dir: &Path) -> Inputs {
         ],
         node_cpu_nanos: 50_000_000_000,
         node_memory: (8 << 30, 6 << 30),
-        machine: Machine::default(),
     }
 }
 

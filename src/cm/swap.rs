@@ -55,19 +55,19 @@ pub fn controller(mount: &Path, own: &str) -> Option<Hierarchy> {
     file.exists().then_some(h)
 }
 
-/// The node's swap as this process finds it (its own cgroup from
-/// `/proc/self/cgroup`, `SwapTotal`, the hierarchy under `mount`).
-pub fn detect(mount: &Path, limited: bool) -> NodeSwap {
+/// The node's swap of `capacity` bytes (the machine's `SwapTotal`), its
+/// controller found from this process's own cgroup (`/proc/self/cgroup`)
+/// in the hierarchy under `mount`.
+pub fn detect(mount: &Path, limited: bool, capacity: u64) -> NodeSwap {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     let own = own
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .unwrap_or("/");
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     NodeSwap {
         limited,
         controller: controller(mount, own.trim()),
-        capacity: capacity(&meminfo),
+        capacity,
     }
 }
 

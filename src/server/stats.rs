@@ -147,6 +147,8 @@ pub fn parse_psi(text: &str) -> Option<serde_json::Value> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeSample {
     pub cpu_nanos: u64,
+    /// Logical CPUs (`/proc/stat`'s `cpuN` lines).
+    pub cpus: u64,
     pub memory_capacity: u64,
     pub memory_usage: u64,
     pub working_set: u64,
@@ -184,6 +186,43 @@ pub fn node_cpu_nanos(proc_stat: &str) -> u64 {
     busy.saturating_mul(10_000_000)
 }
 
+/// The runtime's containers, each with its writable layer's bytes.
+fn container_refs(
+    listed: Vec<kinglet_runtime::ContainerStatus>,
+    usage: Vec<kinglet_runtime::Usage>,
+) -> Vec<crate::cadvisor::ContainerRef> {
+    let layers: HashMap<String, u64> = usage
+        .into_iter()
+        .map(|u| (u.id, u.writable_layer_bytes))
+        .collect();
+    listed
+        .into_iter()
+        .map(|c| crate::cadvisor::ContainerRef {
+            writable_layer: layers.get(&c.id).copied(),
+            started_at: c.started_at as f64 / 1e9,
+            id: c.id,
+            pod_uid: c.pod_uid,
+            name: c.name,
+            image: c.image,
+        })
+        .collect()
+}
+
+/// The machine's part of a cAdvisor scrape: CPUs and memory from the
+/// node's readings, the kernel, the writable layers' filesystem.
+fn machine(proc_dir: &Path, image_dir: &Path, node: &NodeSample) -> crate::cadvisor::Machine {
+    let read = |p: &str| std::fs::read_to_string(proc_dir.join(p)).unwrap_or_default();
+    crate::cadvisor::Machine {
+        cpu_cores: node.cpus,
+        memory_bytes: node.memory_capacity,
+        kernel: read("sys/kernel/osrelease").trim().to_string(),
+        fs_device: crate::cadvisor::mount_source(&read("self/mountinfo"), image_dir)
+            .unwrap_or_default(),
+        fs_limit: node.image_fs.as_ref().map_or(0, |f| f.capacity_bytes),
+        devices: crate::cadvisor::block_devices(Path::new("/sys")),
+    }
+}
+
 /// The node's readings: `/proc` and `statvfs` of its two filesystems.
 fn node_sample(proc_dir: &Path, root_dir: &Path, image_dir: &Path) -> NodeSample {
     let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
@@ -193,6 +232,10 @@ fn node_sample(proc_dir: &Path, root_dir: &Path, image_dir: &Path) -> NodeSample
     let usage = mem.total.saturating_sub(mem.free);
     NodeSample {
         cpu_nanos: node_cpu_nanos(&stat),
+        cpus: stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count() as u64,
         memory_capacity: mem.total,
         memory_usage: usage,
         working_set: usage.saturating_sub(mem.inactive_file),
@@ -330,96 +373,64 @@ impl Sampler {
     /// containers from the runtime and the status view, their cgroups read
     /// off the async thread.
     pub async fn cadvisor(&self) -> String {
-        use crate::cadvisor::{ContainerRef, Inputs, Machine, PodRef};
         let (listed, usage) = tokio::join!(
             self.runtime.list_containers(),
             self.runtime.container_stats(),
         );
         let error = listed.is_err() || usage.is_err();
-        let layers: HashMap<String, u64> = usage
-            .unwrap_or_default()
-            .into_iter()
-            .map(|u| (u.id, u.writable_layer_bytes))
-            .collect();
-        let containers = listed
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| ContainerRef {
-                writable_layer: layers.get(&c.id).copied(),
-                started_at: c.started_at as f64 / 1e9,
-                id: c.id,
-                pod_uid: c.pod_uid,
-                name: c.name,
-                image: c.image,
-            })
-            .collect();
-        let pods = self
-            .view
-            .pods()
-            .into_iter()
-            .map(|(uid, e)| PodRef {
-                namespace: e
-                    .pod
-                    .metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".into()),
-                name: e.pod.metadata.name.clone().unwrap_or_default(),
-                cgroup: crate::cm::qos::cgroup_parent(&e.pod, &self.pods_cgroup),
-                start_time: e
-                    .status
-                    .start_time
-                    .as_ref()
-                    .map_or(0.0, |t| t.0.as_second() as f64),
-                own_network: e
-                    .pod
-                    .spec
-                    .as_ref()
-                    .is_none_or(|s| s.host_network != Some(true)),
-                uid,
-            })
-            .collect();
-        let (proc_dir, cgroup_root) = (self.proc_dir.clone(), self.cgroup_root.clone());
-        let (pods_cgroup, image_dir) = (self.pods_cgroup.clone(), self.image_dir.clone());
+        let containers = container_refs(listed.unwrap_or_default(), usage.unwrap_or_default());
+        let inputs = crate::cadvisor::Inputs {
+            cgroup_root: self.cgroup_root.clone(),
+            proc_dir: self.proc_dir.clone(),
+            pods_cgroup: self.pods_cgroup.clone(),
+            pods: self.pod_refs(),
+            containers,
+            ..Default::default()
+        };
+        let (root_dir, image_dir) = (self.root_dir.clone(), self.image_dir.clone());
         tokio::task::spawn_blocking(move || {
-            let node = node_sample(&proc_dir, &image_dir, &image_dir);
-            let stat = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
-            let mountinfo =
-                std::fs::read_to_string(proc_dir.join("self/mountinfo")).unwrap_or_default();
-            let machine = Machine {
-                cpu_cores: stat
-                    .lines()
-                    .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-                    .count() as u64,
-                memory_bytes: node.memory_capacity,
-                kernel: std::fs::read_to_string(proc_dir.join("sys/kernel/osrelease"))
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-                fs_device: crate::cadvisor::mount_source(&mountinfo, &image_dir)
-                    .unwrap_or_default(),
-                fs_limit: node.image_fs.as_ref().map_or(0, |f| f.capacity_bytes),
-                devices: crate::cadvisor::block_devices(Path::new("/sys")),
-            };
-            let inputs = Inputs {
-                cgroup_root,
-                proc_dir,
-                pods_cgroup,
-                pods,
-                containers,
+            let node = node_sample(&inputs.proc_dir, &root_dir, &image_dir);
+            let inputs = crate::cadvisor::Inputs {
                 node_cpu_nanos: node.cpu_nanos,
                 node_memory: (node.memory_usage, node.working_set),
-                machine: machine.clone(),
+                ..inputs
             };
             crate::cadvisor::text::render(&crate::cadvisor::Scrape {
                 at: jiff::Timestamp::now(),
                 series: crate::cadvisor::collect(&inputs),
-                machine,
+                machine: machine(&inputs.proc_dir, &image_dir, &node),
                 error,
             })
         })
         .await
         .unwrap_or_default()
+    }
+
+    /// The pods of the status view, as a cAdvisor scrape labels them.
+    fn pod_refs(&self) -> Vec<crate::cadvisor::PodRef> {
+        self.view
+            .pods()
+            .into_iter()
+            .map(|(uid, e)| {
+                let (namespace, name) = crate::pods::util::namespace_and_name(&e.pod);
+                crate::cadvisor::PodRef {
+                    namespace,
+                    name,
+                    cgroup: crate::cm::qos::cgroup_parent(&e.pod, &self.pods_cgroup),
+                    start_time: e
+                        .status
+                        .start_time
+                        .as_ref()
+                        .map_or(0.0, |t| t.0.as_second() as f64),
+                    own_network: e
+                        .pod
+                        .spec
+                        .as_ref()
+                        .is_none_or(|s| s.host_network != Some(true)),
+                    uid,
+                }
+            })
+            .collect()
     }
 
     /// The pods' cgroup, as configured (`kubepods` by default).
