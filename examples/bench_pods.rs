@@ -189,94 +189,158 @@ fn pct(v: &[f64], p: f64) -> f64 {
     s[((s.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The command line (see the module doc).
+struct Args {
+    kubeconfig: String,
+    node: String,
+    pattern: String,
+    pods: usize,
+    levels: Vec<usize>,
+    idle_secs: u64,
+    json_out: Option<String>,
+}
+
+impl Args {
+    fn parse() -> Args {
+        let args: Vec<String> = std::env::args().collect();
+        Args {
+            kubeconfig: args[1].clone(),
+            node: args[2].clone(),
+            pattern: args[3].clone(),
+            pods: args.get(4).and_then(|s| s.parse().ok()).unwrap_or(50),
+            levels: args
+                .get(5)
+                .map_or("10,30,110", String::as_str)
+                .split(',')
+                .filter_map(|s| s.parse().ok())
+                .collect(),
+            idle_secs: args.get(6).and_then(|s| s.parse().ok()).unwrap_or(0),
+            json_out: args.get(7).cloned(),
+        }
+    }
+
+    /// How many pods are created: the latency sample or the top level.
+    fn total(&self) -> usize {
+        self.pods
+            .max(self.levels.iter().copied().max().unwrap_or(0))
+    }
+}
+
+type PodEvents = futures::stream::BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>;
+
+/// What one run measured.
+#[derive(Default)]
+struct Figures {
+    startup_ms: Vec<f64>,
+    delete_ms: Vec<f64>,
+    memory: Vec<serde_json::Value>,
+    cpu: Vec<serde_json::Value>,
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args: Vec<String> = std::env::args().collect();
-    let (kc, node, pattern) = (&args[1], &args[2], args[3].as_str());
-    let n: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(50);
-    let levels: Vec<usize> = args
-        .get(5)
-        .map_or("10,30,110", String::as_str)
-        .split(',')
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    let idle: u64 = args.get(6).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let json_out = args.get(7);
-    let kubeconfig = kube::config::Kubeconfig::read_from(kc).unwrap();
+    let args = Args::parse();
+    let kubeconfig = kube::config::Kubeconfig::read_from(&args.kubeconfig).unwrap();
     let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
         .unwrap();
     let client = kube::Client::try_from(cfg).unwrap();
     let pods: Api<Pod> = Api::namespaced(client, "default");
-    let mut mem = Vec::new();
-    let mut cpu = Vec::new();
+    let mut fig = Figures::default();
     tokio::time::sleep(Duration::from_secs(5)).await;
-    mem.push(memory(pattern, 0));
-    if idle > 0 {
-        cpu.push(idle_cpu(pattern, idle, 0).await);
+    fig.memory.push(memory(&args.pattern, 0));
+    if args.idle_secs > 0 {
+        fig.cpu
+            .push(idle_cpu(&args.pattern, args.idle_secs, 0).await);
     }
-
-    // Startup latency: created → Running seen through a watch.
     let mut stream = watcher(
         pods.clone(),
         watcher::Config::default().labels("bench=kinglet"),
     )
     .boxed();
+    create_all(&args, &pods, &mut stream, &mut fig).await;
+    if args.idle_secs > 0 {
+        fig.cpu
+            .push(idle_cpu(&args.pattern, args.idle_secs, args.total()).await);
+    }
+    delete_some(&args, &pods, &mut stream, &mut fig).await;
+    print(&fig);
+    if let Some(path) = &args.json_out {
+        write_json(path, &fig);
+    }
+    let _ = pods
+        .delete_collection(
+            &DeleteParams::default().grace_period(0),
+            &ListParams::default().labels("bench=kinglet"),
+        )
+        .await;
+}
+
+/// Startup latency: created → Running seen through a watch, one pod after
+/// another; memory (and idle CPU below the top) at each level.
+async fn create_all(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &mut Figures) {
     let mut created: HashMap<String, Instant> = HashMap::new();
-    let mut lat = Vec::new();
-    let total = n.max(levels.iter().copied().max().unwrap_or(0));
+    let total = args.total();
     for i in 0..total {
         let name = format!("bench-{i}");
         let t = Instant::now();
-        pods.create(&PostParams::default(), &pod(&name, node, i))
+        pods.create(&PostParams::default(), &pod(&name, &args.node, i))
             .await
             .unwrap();
         created.insert(name.clone(), t);
-        // Wait for this pod to run before creating the next.
-        'wait: loop {
-            let Some(Ok(ev)) = stream.next().await else {
-                continue;
-            };
-            let objs = match ev {
-                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
-                _ => continue,
-            };
-            for p in objs {
-                let pn = p.metadata.name.clone().unwrap_or_default();
-                let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-                if running && let Some(t0) = created.remove(&pn) {
-                    if lat.len() < n {
-                        lat.push(t0.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    if pn == name {
-                        break 'wait;
-                    }
-                }
-            }
-        }
-        if levels.contains(&(i + 1)) {
+        wait_running(&name, args.pods, stream, &mut created, &mut fig.startup_ms).await;
+        if args.levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
-            mem.push(memory(pattern, i + 1));
+            fig.memory.push(memory(&args.pattern, i + 1));
             // Idle CPU at each level below the top (the top is measured
-            // once every pod was created, below).
-            if idle > 0 && i + 1 < total {
-                cpu.push(idle_cpu(pattern, idle, i + 1).await);
+            // once every pod was created).
+            if args.idle_secs > 0 && i + 1 < total {
+                fig.cpu
+                    .push(idle_cpu(&args.pattern, args.idle_secs, i + 1).await);
             }
         }
     }
-    if idle > 0 {
-        cpu.push(idle_cpu(pattern, idle, total).await);
-    }
+}
 
-    // Deletion latency: delete → the object is gone (the node confirmed the
-    // containers stopped), one pod after another.
-    let mut del = Vec::new();
+/// Waits for `name` to run, recording the latency of every pod seen
+/// Running meanwhile (up to `sample` of them).
+async fn wait_running(
+    name: &str,
+    sample: usize,
+    stream: &mut PodEvents,
+    created: &mut HashMap<String, Instant>,
+    lat: &mut Vec<f64>,
+) {
+    loop {
+        let Some(Ok(ev)) = stream.next().await else {
+            continue;
+        };
+        let p = match ev {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => p,
+            _ => continue,
+        };
+        let pn = p.metadata.name.clone().unwrap_or_default();
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if running && let Some(t0) = created.remove(&pn) {
+            if lat.len() < sample {
+                lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+            }
+            if pn == name {
+                return;
+            }
+        }
+    }
+}
+
+/// Deletion latency: delete → the object is gone (the node confirmed the
+/// containers stopped), one pod after another.
+async fn delete_some(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &mut Figures) {
     let deletes: usize = std::env::var("BENCH_DELETES")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(n);
-    for i in 0..n.min(total).min(deletes) {
+        .unwrap_or(args.pods);
+    for i in 0..args.pods.min(args.total()).min(deletes) {
         let name = format!("bench-{i}");
         let t = Instant::now();
         if pods.delete(&name, &DeleteParams::default()).await.is_err() {
@@ -287,7 +351,7 @@ async fn main() {
                 Some(Ok(watcher::Event::Delete(p)))
                     if p.metadata.name.as_deref() == Some(&name) =>
                 {
-                    del.push(t.elapsed().as_secs_f64() * 1000.0);
+                    fig.delete_ms.push(t.elapsed().as_secs_f64() * 1000.0);
                     break;
                 }
                 Some(_) => {}
@@ -295,27 +359,30 @@ async fn main() {
             }
         }
     }
+}
 
+fn print(fig: &Figures) {
+    let (lat, del) = (&fig.startup_ms, &fig.delete_ms);
     println!(
         "pod startup latency (created → Running via watch), {} pods, image present:",
         lat.len()
     );
     println!(
         "  p50 {:.0} ms   p90 {:.0} ms   p99 {:.0} ms   max {:.0} ms",
-        pct(&lat, 0.5),
-        pct(&lat, 0.9),
-        pct(&lat, 0.99),
-        pct(&lat, 1.0)
+        pct(lat, 0.5),
+        pct(lat, 0.9),
+        pct(lat, 0.99),
+        pct(lat, 1.0)
     );
     println!(
         "pod deletion latency (delete → gone), {} pods: p50 {:.0} ms   p90 {:.0} ms",
         del.len(),
-        pct(&del, 0.5),
-        pct(&del, 0.9)
+        pct(del, 0.5),
+        pct(del, 0.9)
     );
     println!("node memory (agent + runtime side), KiB:");
     println!("  {:>5} {:>8} {:>8}   PSS by process", "pods", "RSS", "PSS");
-    for m in &mem {
+    for m in &fig.memory {
         let rss =
             m["agent_rss_kib"].as_u64().unwrap_or(0) + m["runtime_rss_kib"].as_u64().unwrap_or(0);
         let pss =
@@ -332,7 +399,7 @@ async fn main() {
             parts.join(", ")
         );
     }
-    for c in &cpu {
+    for c in &fig.cpu {
         println!(
             "idle CPU at {} pods: agent {:.0} ms/min, runtime side {:.0} ms/min",
             c["pods"],
@@ -340,19 +407,15 @@ async fn main() {
             c["runtime_cpu_ms_per_min"].as_f64().unwrap_or(0.0)
         );
     }
-    if let Some(path) = json_out {
-        let doc = json!({
-            "startup_ms": lat, "startup_p50_ms": pct(&lat, 0.5), "startup_p90_ms": pct(&lat, 0.9),
-            "startup_p99_ms": pct(&lat, 0.99),
-            "delete_ms": del, "delete_p50_ms": pct(&del, 0.5), "delete_p90_ms": pct(&del, 0.9),
-            "memory": mem, "cpu": cpu,
-        });
-        std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
-    }
-    let _ = pods
-        .delete_collection(
-            &DeleteParams::default().grace_period(0),
-            &ListParams::default().labels("bench=kinglet"),
-        )
-        .await;
+}
+
+fn write_json(path: &str, fig: &Figures) {
+    let (lat, del) = (&fig.startup_ms, &fig.delete_ms);
+    let doc = json!({
+        "startup_ms": lat, "startup_p50_ms": pct(lat, 0.5), "startup_p90_ms": pct(lat, 0.9),
+        "startup_p99_ms": pct(lat, 0.99),
+        "delete_ms": del, "delete_p50_ms": pct(del, 0.5), "delete_p90_ms": pct(del, 0.9),
+        "memory": fig.memory, "cpu": fig.cpu,
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
 }

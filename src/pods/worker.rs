@@ -152,6 +152,15 @@ enum ContainerConfigError {
     Blocking(#[from] tokio::task::JoinError),
 }
 
+/// Why a pod's sandbox is refused before the runtime is asked.
+#[derive(Debug, thiserror::Error)]
+enum SandboxRefused {
+    #[error("RuntimeClass handler \"\" does not support user namespaces")]
+    NoUserNamespaces,
+    #[error("{0}")]
+    Runtime(#[from] kinglet_runtime::RuntimeError),
+}
+
 fn soonest(a: Wake, b: Wake) -> Wake {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -697,15 +706,14 @@ impl Worker {
     /// `hostUsers: false` asks a user namespace of the pod's own: refused
     /// with upstream's message unless the runtime's default handler has
     /// them (neither kinglet's runtime nor containerd before 1.7 does).
-    async fn user_namespaces_supported(&self, pod: &Pod) -> Result<(), String> {
+    async fn user_namespaces_supported(&self, pod: &Pod) -> Result<(), SandboxRefused> {
         let wanted = pod.spec.as_ref().and_then(|s| s.host_users) == Some(false);
         if !wanted {
             return Ok(());
         }
-        match self.runtime.status().await {
-            Ok(s) if s.user_namespaces => Ok(()),
-            Ok(_) => Err("RuntimeClass handler \"\" does not support user namespaces".into()),
-            Err(e) => Err(e.to_string()),
+        match self.runtime.status().await? {
+            s if s.user_namespaces => Ok(()),
+            _ => Err(SandboxRefused::NoUserNamespaces),
         }
     }
 
