@@ -881,13 +881,9 @@ fn node_context(
         started: Some(tokio::time::Instant::now()),
         services: None,
         metrics,
-        volume_sources: client.clone().map(|c| {
-            Arc::new(pods::volumes::Sources {
-                objects: pods::objects::ObjectCache::new(c.clone()),
-                client: c,
-                link: link.cloned(),
-            })
-        }),
+        volume_sources: client
+            .clone()
+            .map(|c| Arc::new(pods::volumes::Sources::new(c, &s.node_name, link.cloned()))),
         objects: client.map(|c| {
             Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn crate::pods::util::ObjectSource>
         }),

@@ -128,7 +128,7 @@ pub fn rotation_deadline(not_before: i64, not_after: i64, jitter: i64) -> i64 {
 
 /// A number in 0–999 that differs between nodes and runs (no RNG crate
 /// for one number: the clock's nanoseconds and the process id are enough).
-fn jitter() -> i64 {
+pub fn jitter() -> i64 {
     let n = jiff::Timestamp::now().subsec_nanosecond() as i64 ^ i64::from(std::process::id());
     n.rem_euclid(1000)
 }

@@ -304,3 +304,66 @@ pub fn pod_requests(pod: &Pod) -> (u128, u128) {
         sum("memory").max(init("memory")) / 1000,
     )
 }
+
+/// A label selector that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("{0:?} is not a valid label selector operator")]
+    Operator(String),
+    #[error("for 'In', 'NotIn' operators, values set can't be empty")]
+    NoValues,
+    #[error("values set must be empty for 'Exists', 'DoesNotExist'")]
+    Values,
+}
+
+/// Whether `labels` match `selector` as upstream's
+/// `LabelSelectorAsSelector` reads it: an unset selector matches
+/// nothing, an empty one everything.
+pub fn selector_matches(
+    selector: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, SelectorError> {
+    let Some(s) = selector else {
+        return Ok(false);
+    };
+    let mut ok = s
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    for e in s.match_expressions.iter().flatten() {
+        let values = e.values.as_deref().unwrap_or_default();
+        let has = labels.get(&e.key);
+        let m = match e.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => return Err(SelectorError::NoValues),
+            "Exists" | "DoesNotExist" if !values.is_empty() => return Err(SelectorError::Values),
+            "In" => has.is_some_and(|v| values.contains(v)),
+            "NotIn" => !has.is_some_and(|v| values.contains(v)),
+            "Exists" => has.is_some(),
+            "DoesNotExist" => has.is_none(),
+            op => return Err(SelectorError::Operator(op.into())),
+        };
+        ok &= m;
+    }
+    Ok(ok)
+}
+
+/// About the length of a selector's text form (upstream bounds it).
+pub fn selector_len(s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector) -> usize {
+    let labels: usize = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len() + 2)
+        .sum();
+    let exprs: usize = s
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|e| {
+            let values: usize = e.values.iter().flatten().map(|v| v.len() + 1).sum();
+            e.key.len() + e.operator.len() + values + 4
+        })
+        .sum();
+    labels + exprs
+}

@@ -26,15 +26,20 @@
 //! reports them and retries.
 
 pub mod atomic;
+mod certs;
 pub mod host;
+pub mod lazywatch;
+pub mod podcert;
 pub mod render;
 pub mod subpath;
+pub mod trust;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::certificates::v1::{ClusterTrustBundle, PodCertificateRequest};
 use k8s_openapi::api::core::v1::{Pod, Volume, VolumeProjection};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -47,6 +52,13 @@ use render::Payload;
 /// What the volumes of a node's pods read from the API server.
 pub struct Sources {
     pub objects: Arc<ObjectCache>,
+    /// ClusterTrustBundles, watched while a pod projects one.
+    pub trust: Arc<trust::TrustBundles>,
+    /// The node's PodCertificateRequests, watched while a pod projects a
+    /// pod certificate.
+    pub requests: Arc<podcert::Requests>,
+    /// The Node object's UID, which pod certificate requests name.
+    pub node_uid: tokio::sync::OnceCell<String>,
     pub client: kube::Client,
     /// Whether the API server is known unreachable (the lease's last
     /// renewal failed, before a reboot too): kept copies are then used
@@ -55,6 +67,17 @@ pub struct Sources {
 }
 
 impl Sources {
+    pub fn new(client: kube::Client, node: &str, link: Option<crate::health::ApiLink>) -> Self {
+        Sources {
+            objects: ObjectCache::new(client.clone()),
+            trust: trust::watch(client.clone()),
+            requests: podcert::watch(client.clone(), node),
+            node_uid: tokio::sync::OnceCell::new(),
+            client,
+            link,
+        }
+    }
+
     /// How long to wait for the API server when a kept copy exists:
     /// [`KEPT_WAIT`], or not at all once this run has seen the node
     /// offline (the file of an earlier run is not enough: a node that lost
@@ -151,16 +174,44 @@ pub enum SetUpError {
         path: PathBuf,
         source: rustix::io::Errno,
     },
-    #[error(
-        "only configMap, secret, downwardAPI and serviceAccountToken projections are supported"
-    )]
+    #[error("unsupported projection source")]
     UnsupportedProjection,
+    #[error("{0}")]
+    Trust(#[from] trust::TrustError),
+    #[error("{0}")]
+    Certificate(#[from] podcert::CertError),
     #[error("failed to fetch token: {0}")]
     Token(String),
     #[error("{0}")]
     Render(#[from] render::RenderError),
     #[error("volume setup task failed: {0}")]
     Task(String),
+}
+
+/// What one round of a pod's volumes read, so what it no longer reads
+/// is let go.
+#[derive(Default)]
+struct Used {
+    objects: BTreeSet<(ObjectKind, String)>,
+    trust: bool,
+    certs: BTreeSet<(String, usize)>,
+}
+
+fn soonest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The mode of a credential's file (a token, trust anchors, a pod
+/// certificate): the default mode, or 0600 when the pod has an `fsGroup`
+/// (which then reads it through the group), as upstream.
+fn credential_mode(pod: &Pod, default_mode: Option<i32>) -> Result<u32, render::RenderError> {
+    if fs_group(pod).is_some() {
+        return Ok(0o600);
+    }
+    render::mode(default_mode, render::DEFAULT_MODE)
 }
 
 /// One pod's volumes.
@@ -174,6 +225,12 @@ pub struct Volumes {
     wake: Arc<Notify>,
     subs: HashMap<(ObjectKind, String), Subscription>,
     tokens: HashMap<TokenKey, Token>,
+    /// The ClusterTrustBundle watch, while a projection reads it.
+    trust: Option<lazywatch::Subscription<ClusterTrustBundle, trust::Bundle>>,
+    /// The node's PodCertificateRequest watch, while a projection waits.
+    requests: Option<lazywatch::Subscription<PodCertificateRequest, podcert::Request>>,
+    /// Each podCertificate source's state, by volume and source index.
+    certs: HashMap<(String, usize), podcert::CertState>,
     /// What was last written to each volume, so unchanged rounds write
     /// nothing.
     written: HashMap<String, Payload>,
@@ -208,6 +265,9 @@ impl Volumes {
             wake,
             subs: HashMap::new(),
             tokens: HashMap::new(),
+            trust: None,
+            requests: None,
+            certs: HashMap::new(),
             written: HashMap::new(),
             owned: BTreeSet::new(),
             kept: HashMap::new(),
@@ -250,7 +310,7 @@ impl Volumes {
     /// token is next due.
     pub async fn setup(&mut self, pod: &Pod) -> Result<Option<Duration>, VolumeError> {
         host::prepare_volumes(pod, &self.node).map_err(|e| VolumeError::Host(e.0))?;
-        let mut used = BTreeSet::new();
+        let mut used = Used::default();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         for v in volumes {
             let fail = |cause: SetUpError| VolumeError::SetUp {
@@ -285,13 +345,21 @@ impl Volumes {
             .map_err(fail)?;
             self.written.insert(v.name.clone(), payload);
         }
-        self.subs.retain(|k, _| used.contains(k));
+        self.subs.retain(|k, _| used.objects.contains(k));
+        if !used.trust {
+            self.trust = None;
+        }
+        self.certs.retain(|k, _| used.certs.contains(k));
+        if self.certs.is_empty() {
+            self.requests = None;
+        }
         let now = Instant::now();
-        Ok(self
+        let token = self
             .tokens
             .values()
             .map(|t| t.refresh_at.saturating_duration_since(now))
-            .min())
+            .min();
+        Ok(soonest(token, podcert::next_refresh(self.certs.values())))
     }
 
     /// An emptyDir, once per worker: on tmpfs with `medium: Memory`,
@@ -346,7 +414,7 @@ impl Volumes {
         &mut self,
         pod: &Pod,
         v: &Volume,
-        used: &mut BTreeSet<(ObjectKind, String)>,
+        used: &mut Used,
     ) -> Result<Option<(Payload, bool)>, SetUpError> {
         if let Some(cm) = &v.config_map {
             let src = Keys::new(
@@ -371,8 +439,9 @@ impl Volumes {
         }
         if let Some(pr) = &v.projected {
             let mut out = Payload::new();
-            for src in pr.sources.iter().flatten() {
-                out.extend(self.projection(pod, src, pr.default_mode, used).await?);
+            for (i, src) in pr.sources.iter().flatten().enumerate() {
+                let at = (v.name.as_str(), i);
+                out.extend(self.projection(pod, src, at, pr.default_mode, used).await?);
             }
             return Ok(Some((out, true)));
         }
@@ -383,8 +452,9 @@ impl Volumes {
         &mut self,
         pod: &Pod,
         src: &VolumeProjection,
+        at: (&str, usize),
         default_mode: Option<i32>,
-        used: &mut BTreeSet<(ObjectKind, String)>,
+        used: &mut Used,
     ) -> Result<Payload, SetUpError> {
         if let Some(cm) = &src.config_map {
             let k = Keys::new(
@@ -413,9 +483,27 @@ impl Volumes {
                 .await?;
             let f = atomic::FileProjection {
                 data: token.into_bytes(),
-                mode: render::mode(default_mode, render::DEFAULT_MODE)?,
+                mode: credential_mode(pod, default_mode)?,
             };
             return Ok(Payload::from([(t.path.clone(), f)]));
+        }
+        if let Some(c) = &src.cluster_trust_bundle {
+            used.trust = true;
+            let f = atomic::FileProjection {
+                data: self.trust_anchors(pod, c).await?,
+                mode: credential_mode(pod, default_mode)?,
+            };
+            return Ok(Payload::from([(c.path.clone(), f)]));
+        }
+        if let Some(c) = &src.pod_certificate {
+            let key = (at.0.to_string(), at.1);
+            used.certs.insert(key.clone());
+            let cred = self.pod_certificate(pod, key, c).await?;
+            let mode = credential_mode(pod, default_mode)?;
+            let files = podcert::files(c, &cred)
+                .into_iter()
+                .map(|(p, data)| (p, atomic::FileProjection { data, mode }));
+            return Ok(files.collect());
         }
         Err(SetUpError::UnsupportedProjection)
     }
@@ -427,7 +515,7 @@ impl Volumes {
         pod: &Pod,
         k: &Keys<'_>,
         default_mode: Option<i32>,
-        used: &mut BTreeSet<(ObjectKind, String)>,
+        used: &mut Used,
     ) -> Result<Payload, SetUpError> {
         let o = self.object(pod, k.kind, k.name, k.optional, used).await?;
         Ok(render::keys(k.kind, &o, k.items, default_mode, k.optional)?)
@@ -441,10 +529,10 @@ impl Volumes {
         kind: ObjectKind,
         name: &str,
         optional: bool,
-        used: &mut BTreeSet<(ObjectKind, String)>,
+        used: &mut Used,
     ) -> Result<Object, SetUpError> {
         let (ns, _) = crate::pods::util::namespace_and_name(pod);
-        used.insert((kind, name.to_string()));
+        used.objects.insert((kind, name.to_string()));
         let found = match &self.sources {
             None => None,
             Some(src) => {
