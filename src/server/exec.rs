@@ -153,7 +153,7 @@ impl Streams {
 }
 
 /// One message for the client on channel `ch`.
-fn frame(p: Protocol, ch: u8, data: &[u8]) -> Message {
+pub(super) fn frame(p: Protocol, ch: u8, data: &[u8]) -> Message {
     if p.base64 {
         let mut t = String::with_capacity(1 + data.len() * 4 / 3 + 4);
         t.push(char::from(b'0' + ch));

@@ -21,6 +21,7 @@ pub mod idle;
 pub mod listener;
 pub mod logs;
 pub mod portforward;
+pub mod portforward_ws;
 pub mod stats;
 pub mod ws;
 pub mod zpages;

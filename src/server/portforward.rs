@@ -20,7 +20,7 @@ use tracing::debug;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, State, Target, text, ws};
+use super::{Body, State, Target, portforward_ws, text, ws};
 
 /// The tunnelled SPDY protocol, as the WebSocket subprotocol names it.
 pub const TUNNEL_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
@@ -38,10 +38,23 @@ pub async fn handle(
         Ok(k) => k,
         Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    if !offered.split(',').any(|p| p.trim() == TUNNEL_PROTOCOL) {
-        let msg = format!("port-forward needs the WebSocket subprotocol {TUNNEL_PROTOCOL}");
-        return text(StatusCode::BAD_REQUEST, msg);
-    }
+    let tunnel = offered.split(',').any(|p| p.trim() == TUNNEL_PROTOCOL);
+    // Otherwise the channel protocol, whose ports are in the query.
+    let channels = match tunnel {
+        true => None,
+        false => match channel_protocol(&offered) {
+            Some(p) => match portforward_ws::ports(req.uri().query().unwrap_or("")) {
+                Ok(ports) => Some((p, ports)),
+                Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
+            },
+            None => {
+                let msg = format!(
+                    "port-forward speaks the WebSocket subprotocols {TUNNEL_PROTOCOL}, v4.channel.k8s.io and v4.base64.channel.k8s.io; offered {offered:?}"
+                );
+                return text(StatusCode::BAD_REQUEST, msg);
+            }
+        },
+    };
     let uid = match target.find(&state.view) {
         Ok((uid, _)) => uid,
         Err((code, msg)) => return text(code, msg),
@@ -59,6 +72,19 @@ pub async fn handle(
         format!("{}/{}", target.ns, target.pod),
     );
     let activity = super::idle::Activity::new(state.stream_idle_timeout);
+    if let Some((p, ports)) = channels {
+        let what = format!("{pod}, uid {uid}");
+        tokio::spawn(async move {
+            match on_upgrade.await {
+                Ok(io) => {
+                    let ws = ws::accept(hyper_util::rt::TokioIo::new(io)).await;
+                    portforward_ws::serve(ws, p, runtime, sandbox, ports, what, activity).await
+                }
+                Err(e) => debug!(error = %e, "port-forward upgrade failed"),
+            }
+        });
+        return ws::switching(&key, p.name);
+    }
     tokio::spawn(async move {
         match on_upgrade.await {
             Ok(io) => {
@@ -74,6 +100,12 @@ pub async fn handle(
         }
     });
     ws::switching(&key, TUNNEL_PROTOCOL)
+}
+
+/// The channel protocol of the client's offer that port-forward speaks
+/// (upstream's: v4 binary or base64, or none named).
+fn channel_protocol(offered: &str) -> Option<super::exec::Protocol> {
+    super::exec::negotiate(Some(offered)).filter(|p| p.name.is_empty() || p.name.starts_with("v4."))
 }
 
 async fn sandbox_of(rt: &dyn Runtime, uid: &str) -> Option<String> {

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Upstream node conformance against one kinglet node:
 #   tests/conformance/run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout 2h] [--no-serial]
+#                            [--labels EXPR]
 # Builds the upstream e2e.test and ginkgo at the control plane's release
 # (build.sh, cached), the images the specs use into a private local
 # docker-registry (images.sh), starts the loopback control plane with only
 # this node in it, joins a kinglet node (release build, private dirs and CNI
 # network; with --runtime cri, a private containerd pulling from the local
-# registry), and runs every [NodeConformance] spec that is not [Serial],
+# registry), and runs every [NodeConformance] spec (or those of the ginkgo
+# label expression --labels, e.g. 'NodeConformance || Conformance') that is not [Serial],
 # [Disruptive], [Flaky], [Slow] or [Feature:*] (or those matching --focus),
 # two at a time, then the [Serial] ones one at a time (unless --no-serial).
 # Prints a table (selected, passed, failed, skipped) and each
@@ -14,7 +16,7 @@
 # target/conformance/. Leaves nothing running.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-focus="" skip="" runtime=oci timeout=2h serial=yes
+focus="" skip="" runtime=oci timeout=2h serial=yes labels=NodeConformance
 while [ $# -gt 0 ]; do
   case $1 in
     --focus) focus=$2; shift 2 ;;
@@ -22,7 +24,8 @@ while [ $# -gt 0 ]; do
     --runtime) runtime=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --no-serial) serial=no; shift ;;
-    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout DURATION] [--no-serial]" >&2; exit 2 ;;
+    --labels) labels=$2; shift 2 ;;
+    *) echo "usage: run.sh [--focus REGEX] [--skip REGEX] [--runtime oci|cri] [--timeout DURATION] [--no-serial] [--labels EXPR]" >&2; exit 2 ;;
   esac
 done
 case $runtime in
@@ -105,9 +108,9 @@ suite() {
 set +e
 # The CLI merges the parallel processes' reports into one JUnit file.
 rm -f "$out"/junit*.xml
-suite "NodeConformance && !Serial && $selection" 2 junit.xml e2e.log
+suite "($labels) && !Serial && $selection" 2 junit.xml e2e.log
 # The [Serial] specs alone on the node, one at a time.
-[ "$serial" = yes ] && suite "NodeConformance && Serial && $selection" 1 junit-serial.xml e2e-serial.log
+[ "$serial" = yes ] && suite "($labels) && Serial && $selection" 1 junit-serial.xml e2e-serial.log
 set -e
 python3 tests/conformance/report.py "$out" "$(( $(date +%s) - start ))" "$runtime"
 exit 0
