@@ -102,6 +102,12 @@ pub struct Streams {
     pub stdout: bool,
     pub stderr: bool,
     pub tty: bool,
+    /// An attach that ends when the client closes its stdin (the
+    /// container's own stdin stays open for the next one), as containerd
+    /// ends it: every attach but one to a `stdinOnce` container without a
+    /// terminal, whose stdin then closes and whose output is streamed to
+    /// its end.
+    pub detach_on_stdin_close: bool,
 }
 
 /// `command=…` (repeated; exec only) and the stream flags, as upstream's
@@ -269,6 +275,13 @@ async fn pump(r: Option<Reader>, p: Protocol, ch: u8, send: bool, tx: mpsc::Send
     }
 }
 
+/// Why the client's side ended.
+enum ClientEnd {
+    Gone,
+    /// It closed its stdin, which ends this attach.
+    Detached,
+}
+
 /// Reads the client until it goes away: stdin into the process, window
 /// sizes to the terminal.
 async fn read_client<S>(
@@ -277,7 +290,9 @@ async fn read_client<S>(
     mut stdin: Option<Writer>,
     resize: Option<mpsc::Sender<TermSize>>,
     activity: &Activity,
-) where
+    detach_on_close: bool,
+) -> ClientEnd
+where
     S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     while let Some(Ok(m)) = source.next().await {
@@ -297,6 +312,9 @@ async fn read_client<S>(
                 if let Some(mut w) = stdin.take() {
                     let _ = w.shutdown().await;
                 }
+                if detach_on_close {
+                    return ClientEnd::Detached;
+                }
             }
             Incoming::Resize(size) => {
                 if let Some(r) = &resize {
@@ -304,9 +322,10 @@ async fn read_client<S>(
                 }
             }
             Incoming::Ignore => {}
-            Incoming::Gone => return,
+            Incoming::Gone => return ClientEnd::Gone,
         }
     }
+    ClientEnd::Gone
 }
 
 /// How long a process is left to finish once its client went away.
@@ -363,9 +382,13 @@ pub async fn stream<IO>(
     let exit = tokio::select! {
         e = &mut run => Some(e),
         // The client's side ended: a process that is finishing anyway
-        // (its output in flight) gets a moment to, then it is killed.
-        _ = read_client(&mut source, p, stdin, resize, &activity) => {
-            tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await.ok()
+        // (its output in flight) gets a moment to, then it is killed. An
+        // attach the client detached from ends well, the container running.
+        end = read_client(&mut source, p, stdin, resize, &activity, want.detach_on_stdin_close) => {
+            match end {
+                ClientEnd::Detached => Some(Ok(0)),
+                ClientEnd::Gone => tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await.ok(),
+            }
         }
         _ = activity.expired() => {
             debug!(?idle, "exec session idle (streamingConnectionIdleTimeout); the process is killed");
@@ -436,6 +459,19 @@ fn running_container(
         })
 }
 
+/// Whether the container's stdin closes with its first attach's
+/// (`stdinOnce` without a terminal): that attach then streams the output
+/// to the container's end.
+fn closes_stdin_once(pod: &k8s_openapi::api::core::v1::Pod, container: &str) -> bool {
+    let spec = pod.spec.as_ref();
+    let containers = spec.into_iter().flat_map(|s| s.containers.iter());
+    let inits = spec.into_iter().flat_map(|s| s.init_containers.iter().flatten());
+    containers
+        .chain(inits)
+        .find(|c| c.name == container)
+        .is_some_and(|c| c.stdin_once == Some(true) && c.tty != Some(true))
+}
+
 /// Which endpoint a streaming request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -470,6 +506,13 @@ pub async fn handle(
         Ok(id) => id,
         Err((code, msg)) => return text(code, msg),
     };
+    let mut want = want;
+    if kind == Kind::Attach && want.stdin {
+        let once = target
+            .find(&state.view)
+            .is_ok_and(|(_, e)| closes_stdin_once(&e.pod, container));
+        want.detach_on_stdin_close = !once;
+    }
     let opts = want.exec_options(cmd.clone());
     let started = match kind {
         Kind::Exec => state.runtime.exec(&id, &opts).await,

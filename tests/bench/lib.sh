@@ -55,12 +55,19 @@ start_kinglet_node() {
     printf 'evictionHard: {memory.available: 100Mi, nodefs.available: 5%%, nodefs.inodesFree: 5%%, imagefs.available: 5%%}\n'
     [ -z "$config" ] || printf '%s\n' "$config"
   } > "$work/config.yaml"
-  local runtime_args=()
+  # registry.k8s.io is served by the local registry too: manifests the
+  # suites apply as they are (upstream's testing manifests) name it, and
+  # no pull may leave the machine.
+  printf 'mirrors:\n  registry.k8s.io:\n    endpoint: ["http://%s"]\n' "$registry" > "$work/registries.yaml"
+  local runtime_args=(--image-registry-config "$work/registries.yaml")
   if [ "$runtime" = cri ]; then
     sock=$(tests/cluster/containerd-up.sh "$work/containerd" "$work/net.d" | tail -n1)
-    mkdir -p "$work/containerd/certs.d/$registry"
-    printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
-      "$registry" "$registry" > "$work/containerd/certs.d/$registry/hosts.toml"
+    local host
+    for host in "$registry" registry.k8s.io; do
+      mkdir -p "$work/containerd/certs.d/$host"
+      printf 'server = "http://%s"\n[host."http://%s"]\n  capabilities = ["pull", "resolve"]\n' \
+        "$registry" "$registry" > "$work/containerd/certs.d/$host/hosts.toml"
+    done
     runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
   fi
   "$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
