@@ -8,8 +8,10 @@
 #   network alone),
 #   and images/ into kinglet's import dir, read at its next start.
 # An upgrade keeps the previous binary as /usr/bin/kinglet.bak (rollback:
-# uninstall.sh --rollback) and restarts a running agent, which stops no
-# pod. Starts kinglet through systemd when systemd runs.
+# uninstall.sh --rollback) and puts the new one on trial in a running
+# agent (`kinglet upgrade --installed`: rolled back by itself unless it
+# stays healthy), which stops no pod. Starts kinglet through systemd when
+# systemd runs.
 set -eu
 src=$(cd "$(dirname "$0")" && pwd)
 "$src/kinglet" --version >/dev/null
@@ -40,7 +42,15 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
   if systemctl -q is-active systemd-networkd.service; then networkctl reload >/dev/null 2>&1 || true; fi
   systemctl enable kinglet.service >/dev/null 2>&1 || true
-  if systemctl is-active -q kinglet.service; then
+  if systemctl is-active -q kinglet.service && [ -e /usr/bin/kinglet.bak ]; then
+    # The new binary on trial: committed once healthy, else the unit's
+    # guard puts the previous one back (docs/upgrade.md).
+    if ! /usr/bin/kinglet upgrade --installed /usr/bin/kinglet.bak --install-path /usr/bin/kinglet \
+      --root-dir /var/lib/kinglet; then
+      echo "kinglet: the new binary did not stay healthy and was rolled back (journalctl -u kinglet)" >&2
+      exit 1
+    fi
+  elif systemctl is-active -q kinglet.service; then
     systemctl restart kinglet.service
   else
     systemctl start kinglet.service

@@ -40,7 +40,7 @@ size_kb=$(du -sk --exclude=DEBIAN "$r" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$deb_arch/" -e "s/@SIZE@/$size_kb/" \
   packaging/deb/control >"$r/DEBIAN/control"
 printf '%s\n' /etc/kinglet/config.yaml /etc/cni/net.d/10-kinglet.conflist >"$r/DEBIAN/conffiles"
-for s in postinst prerm postrm; do
+for s in preinst postinst prerm postrm; do
   install -m 755 "packaging/deb/$s" "$r/DEBIAN/$s"
 done
 mkdir -p target/deb

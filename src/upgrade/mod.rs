@@ -22,7 +22,9 @@
 //!    healthy is rolled back, across reboots and power cuts too.
 //!
 //! `kinglet upgrade` waits for the outcome and exits 0 when committed, 1
-//! when rolled back.
+//! when rolled back. With `--installed` the new binary is already in
+//! place (the Debian package's `postinst` and the bundle's `install.sh`,
+//! which kept the one it replaced): steps 2–4 only.
 
 pub mod state;
 
@@ -43,8 +45,13 @@ const MAX_BINARY: u64 = 64 << 20;
 /// `kinglet upgrade`'s command line.
 #[derive(Debug, clap::Args)]
 pub struct UpgradeArgs {
+    /// The new binary; with --installed, the binary it replaced.
     #[arg(value_name = "FILE")]
     pub binary: PathBuf,
+    /// The new binary is already at the install path (a package manager
+    /// put it there): FILE is the one it replaced, kept as the previous.
+    #[arg(long)]
+    pub installed: bool,
     /// The file's expected SHA-256, in hex.
     #[arg(long, value_name = "HEX")]
     pub sha256: Option<String>,
@@ -82,6 +89,7 @@ impl UpgradeArgs {
             })?,
         };
         Ok(Options {
+            installed: self.installed,
             timeout: duration("--timeout", &self.timeout)?,
             commit_after: duration("--commit-after", &self.commit_after)?,
             binary: self.binary,
@@ -97,6 +105,8 @@ impl UpgradeArgs {
 #[derive(Clone, Debug)]
 pub struct Options {
     pub binary: PathBuf,
+    /// `binary` is the replaced one; the new one is at `install_path`.
+    pub installed: bool,
     pub sha256: Option<String>,
     /// The binary the service runs; by default the running one's path.
     pub install_path: PathBuf,
@@ -151,11 +161,16 @@ pub fn run(root_dir: &Path, o: &Options) -> Result<String, UpgradeError> {
         return Err(UpgradeError::InProgress(s.to_version));
     }
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let staged = dir.join("kinglet.new");
-    copy_durably(&o.binary, &staged, o.sha256.as_deref())?;
+    let (staged, replaced) = match o.installed {
+        true => (o.install_path.clone(), o.binary.clone()),
+        false => (dir.join("kinglet.new"), o.install_path.clone()),
+    };
+    if !o.installed {
+        copy_durably(&o.binary, &staged, o.sha256.as_deref())?;
+    }
     let to_version = version_of(&staged)?;
     let previous = dir.join("kinglet.previous");
-    copy_durably(&o.install_path, &previous, None)?;
+    copy_durably(&replaced, &previous, None)?;
     let now = jiff::Timestamp::now().as_second();
     let record = State {
         phase: Phase::Trial,
@@ -171,7 +186,9 @@ pub fn run(root_dir: &Path, o: &Options) -> Result<String, UpgradeError> {
         reason: String::new(),
     };
     record.write(root_dir).map_err(io(&dir))?;
-    install(&staged, &o.install_path)?;
+    if !o.installed {
+        install(&staged, &o.install_path)?;
+    }
     eprintln!(
         "kinglet upgrade: {to_version} installed at {}, on trial",
         o.install_path.display()

@@ -24,6 +24,7 @@ fn binary(path: &Path, version: &str) {
 fn options(dir: &Path, new: &Path) -> Options {
     Options {
         binary: new.into(),
+        installed: false,
         sha256: None,
         install_path: dir.join("usr-bin-kinglet"),
         timeout: Duration::from_secs(1),
@@ -104,6 +105,28 @@ fn a_binary_that_keeps_failing_is_rolled_back_by_the_guard() {
             .unwrap()
             .contains("0.1.0")
     );
+}
+
+#[test]
+fn an_installed_binary_is_put_on_trial_and_the_replaced_one_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    // A package manager put 0.2.0 in place and kept 0.1.0 aside.
+    let o = Options {
+        installed: true,
+        timeout: Duration::from_secs(600),
+        ..options(dir.path(), &dir.path().join("replaced"))
+    };
+    binary(&o.install_path, "0.2.0");
+    binary(&o.binary, "0.1.0");
+    let outcome = run(&root, &o).unwrap();
+    assert!(outcome.contains("0.2.0 installed"), "{outcome}");
+    let st = State::read(&root).unwrap();
+    assert_eq!((st.phase, st.to_version.as_str()), (Phase::Trial, "0.2.0"));
+    let previous = std::fs::read_to_string(&st.previous).unwrap();
+    assert!(previous.contains("0.1.0"), "{previous}");
+    let installed = std::fs::read_to_string(&o.install_path).unwrap();
+    assert!(installed.contains("0.2.0"));
 }
 
 fn trial_record(root: &Path, deadline: i64) {

@@ -156,8 +156,8 @@ vm_ssh "$VM_KEY" 'swapoff /swapfile && rm /swapfile && sed -i "s/swapBehavior: L
 # `kinglet upgrade` under systemd, the pod running throughout: first to a
 # binary that exits at start (it passes --version, as a bad build would):
 # the unit's guard puts the previous one back after its third start; then
-# to a good one (a copy of the installed binary), committed once healthy
-# for 10 s. The container is never restarted.
+# to a good one through the package, committed once healthy for 30 s. The
+# container is never restarted.
 upgrade_pod_unchanged() {
   local r t
   r=$(kubectl get pod vm-smoke -o jsonpath='{.status.containerStatuses[0].restartCount}')
@@ -178,13 +178,16 @@ vm_ssh "$VM_KEY" 'systemctl is-active -q kinglet' || fail "kinglet not active af
 vm_wait_node_ready 120
 upgrade_pod_unchanged "the rollback"
 echo "figure: vm $VM_ARCH $VM_RUNTIME upgrade to a binary that exits at start: rolled back by the unit's guard in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s, 0 container restarts"
-vm_ssh "$VM_KEY" 'cp /usr/bin/kinglet /root/kinglet-next'
+# The good one as a user upgrades the package: dpkg -i of the .deb over
+# the installed one (preinst keeps the replaced binary, postinst puts the
+# new one on trial with `kinglet upgrade --installed`).
 t0=$(date +%s.%N)
-out=$(vm_ssh "$VM_KEY" 'kinglet upgrade --timeout 3m --commit-after 10s /root/kinglet-next' 2>&1) || fail "the good upgrade: $out"
+out=$(vm_ssh "$VM_KEY" 'dpkg -i /root/kinglet.deb' 2>&1) || fail "the package upgrade: $out"
 t1=$(date +%s.%N)
-echo "$out" | grep -q 'committed' || fail "kinglet upgrade: $out"
+echo "$out" | grep -q 'committed' || fail "the package upgrade: $out"
+vm_ssh "$VM_KEY" 'grep -q "\"phase\": *\"Committed\"" /var/lib/kinglet/upgrade/state.json' || fail "no committed trial recorded"
 vm_wait_node_ready 120
 upgrade_pod_unchanged "the upgrade"
-echo "figure: vm $VM_ARCH $VM_RUNTIME upgrade to a good binary: committed after $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s (10 s of it healthy), 0 container restarts"
+echo "figure: vm $VM_ARCH $VM_RUNTIME package upgrade (dpkg -i): committed after $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s (30 s of it healthy), 0 container restarts"
 
 kubectl delete pod vm-smoke --wait=true --timeout=120s >/dev/null
