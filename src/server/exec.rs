@@ -386,7 +386,13 @@ pub async fn stream<IO>(
         // attach the client detached from ends well, the container running.
         end = read_client(&mut source, p, stdin, resize, &activity, want.detach_on_stdin_close) => {
             match end {
-                ClientEnd::Detached => Some(Ok(0)),
+                // The runtime's own end first (containerd ends the attach
+                // once the stdin it was sent is in), else it ends here.
+                ClientEnd::Detached => Some(
+                    tokio::time::timeout(CLIENT_GONE_GRACE, &mut run)
+                        .await
+                        .unwrap_or(Ok(0)),
+                ),
                 ClientEnd::Gone => tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await.ok(),
             }
         }
