@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The cluster's own add-ons on a kinglet node, end to end:
-#   tests/addons/run.sh [--runtime oci|cri]
+#   tests/addons/run.sh [--runtime oci|cri] [--conformance FOCUS]
 # Builds kube-proxy and CoreDNS from their Go modules (build.sh, cached)
 # and metrics-server (tests/cluster), makes their images and serves them
 # from a private docker-registry, starts a control plane of its own whose
@@ -16,17 +16,21 @@
 #    Service's ClusterIP.
 # Then a pod resolves kubernetes.default.svc.cluster.local and a test
 # Service by name and reaches both through their ClusterIPs, and
-# `kubectl top` answers. Prints a line per check and figures; exits non-zero
+# `kubectl top` answers. With --conformance, then runs the upstream specs
+# matching FOCUS against this node (those that need Services by name or
+# ClusterIP: kube-proxy and CoreDNS are there), JUnit and the table under
+# target/addons/. Prints a line per check and figures; exits non-zero
 # on the first check that fails. Leaves nothing running: the node's pods,
 # the control plane, the registry, the bridge, and kube-proxy's rules in
 # the host's tables (kube-proxy --cleanup).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runtime=oci
+runtime=oci focus=""
 while [ $# -gt 0 ]; do
   case $1 in
     --runtime) runtime=$2; shift 2 ;;
-    *) echo "usage: run.sh [--runtime oci|cri]" >&2; exit 2 ;;
+    --conformance) focus=$2; shift 2 ;;
+    *) echo "usage: run.sh [--runtime oci|cri] [--conformance FOCUS]" >&2; exit 2 ;;
   esac
 done
 case $runtime in
@@ -176,3 +180,21 @@ pods=$(k get pods -A --field-selector "spec.nodeName=$node" --no-headers | wc -l
 echo "figure: addons ($runtime): kube-proxy, CoreDNS and the test Services answering ${dns_ready} s after the manifests were applied"
 echo "figure: addons ($runtime): kinglet RSS $((rss / 1024)) MiB with $pods pods (kube-proxy, CoreDNS, metrics-server, web, client)"
 echo "addons ($runtime): all checks passed in $(( $(date +%s) - start )) s"
+
+# Upstream specs on this cluster, add-ons running.
+if [ -n "$focus" ]; then
+  bin=$(tests/conformance/build.sh | tail -n1)
+  tests/conformance/images.sh "$bin" "$reg"
+  # shellcheck source=../conformance/lib.sh
+  . tests/conformance/lib.sh
+  repo_list "$reg" > "$work/repo-list.yaml"
+  t0=$(date +%s)
+  rm -f "$out"/junit*.xml
+  "$bin/ginkgo" --procs=2 --timeout=60m --no-color --output-dir="$out" --junit-report=junit.xml \
+    "$bin/e2e.test" -- --kubeconfig="$admin" --provider=local \
+    --kube-test-repo-list="$work/repo-list.yaml" --report-dir="$out" \
+    --ginkgo.focus="$focus" --ginkgo.label-filter="$CONFORMANCE_SELECTION" --ginkgo.no-color \
+    >"$out/e2e.log" 2>&1 || true
+  python3 tests/conformance/report.py "$out" "$(( $(date +%s) - t0 ))" "$runtime"
+  head -n1 "$out/table.txt" | grep -q ' 0 failed' || fail "upstream specs failed (see $out/e2e.log)"
+fi
