@@ -471,7 +471,9 @@ fn running_container(
 fn closes_stdin_once(pod: &k8s_openapi::api::core::v1::Pod, container: &str) -> bool {
     let spec = pod.spec.as_ref();
     let containers = spec.into_iter().flat_map(|s| s.containers.iter());
-    let inits = spec.into_iter().flat_map(|s| s.init_containers.iter().flatten());
+    let inits = spec
+        .into_iter()
+        .flat_map(|s| s.init_containers.iter().flatten());
     containers
         .chain(inits)
         .find(|c| c.name == container)

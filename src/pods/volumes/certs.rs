@@ -94,7 +94,13 @@ impl Volumes {
                     self.certs.insert(key, state);
                     return Err(e);
                 }
-                Err(e) => tracing::warn!(error = %e, "cannot refresh a pod certificate"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot refresh a pod certificate");
+                    // Asked again in a while, not at every round.
+                    if let CertState::Fresh(c) = &mut state {
+                        c.begin_refresh_at = now + super::OFFLINE_RETRY.as_secs() as i64;
+                    }
+                }
             }
         }
         let out = match &state {
