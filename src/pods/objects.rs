@@ -375,13 +375,7 @@ async fn follow(client: Client, key: Key, slot: std::sync::Arc<Slot>) {
 
 async fn follow_one<K>(api: Api<K>, name: &str, slot: std::sync::Arc<Slot>, conv: fn(K) -> Object)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: super::volumes::lazywatch::Watched,
 {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};

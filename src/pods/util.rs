@@ -305,6 +305,16 @@ pub fn pod_requests(pod: &Pod) -> (u128, u128) {
     )
 }
 
+/// The pod's service account: `serviceAccountName`, else `default` (what
+/// the apiserver's admission would have set).
+pub fn service_account(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into())
+}
+
 /// A label selector that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectorError {

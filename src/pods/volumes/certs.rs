@@ -126,12 +126,7 @@ impl Volumes {
         use k8s_openapi::api::core::v1::{Node, ServiceAccount};
         let failed = |e: kube::Error| podcert::CertError::Create(e.to_string());
         let (ns, name) = crate::pods::util::namespace_and_name(pod);
-        let sa = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".into());
+        let sa = crate::pods::util::service_account(pod);
         let sa_api = kube::Api::<ServiceAccount>::namespaced(src.client.clone(), &ns);
         let sa_uid = sa_api.get(&sa).await.map_err(failed)?.metadata.uid;
         let node_uid = src

@@ -40,6 +40,29 @@ struct Inner<V> {
 
 type Convert<K, V> = fn(K) -> (String, V);
 
+/// What a kube watcher can follow.
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// A watch of `K` objects started on demand, keeping `V` of each.
 pub struct LazyWatch<K: kube::Resource, V> {
     api: kube::Api<K>,
@@ -57,13 +80,7 @@ impl<K: kube::Resource, V> std::fmt::Debug for LazyWatch<K, V> {
 
 impl<K, V> LazyWatch<K, V>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     V: Clone + PartialEq + Send + Sync + 'static,
 {
     pub fn new(
@@ -167,13 +184,7 @@ async fn follow<K, V>(
     tx: watch::Sender<Known<V>>,
     wakers: Arc<Mutex<Vec<Arc<Notify>>>>,
 ) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     V: Clone + PartialEq + Send + Sync + 'static,
 {
     use futures::StreamExt;

@@ -590,12 +590,7 @@ impl Volumes {
         };
         use k8s_openapi::api::core::v1::ServiceAccount;
         let (ns, pod_name) = crate::pods::util::namespace_and_name(pod);
-        let sa = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".into());
+        let sa = crate::pods::util::service_account(pod);
         let seconds = expiration.unwrap_or(DEFAULT_TOKEN_SECONDS);
         let key = (sa.clone(), audience.to_string(), seconds);
         if let Some(t) = self.tokens.get(&key)
