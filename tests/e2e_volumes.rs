@@ -8,8 +8,9 @@
 //! objects and keys with upstream's `FailedMount` message, the pod starting
 //! once the missing object appears, and the automatic `kube-api-access`
 //! volume: a pod authenticates to the API server with its own token
-//! (a `SelfSubjectReview` names its service account). Nothing is left
-//! mounted after deletion.
+//! (a `SelfSubjectReview` names its service account). ClusterTrustBundles
+//! projected by name and by signer, a changed or added bundle reaching the
+//! running container. Nothing is left mounted after deletion.
 
 mod common;
 
@@ -22,6 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 crate::both_runtimes!(
     object_volumes_are_written_and_kept_current,
+    trust_bundles_are_projected_and_kept_current,
     the_service_account_token_authenticates,
     image_volumes_mount_read_only,
 );
@@ -131,6 +133,89 @@ fn mounts_under(root: &Path) -> Vec<String> {
         .filter(|m| m.starts_with(&root))
         .map(str::to_string)
         .collect()
+}
+
+/// A self-signed CA certificate's PEM, for trust bundles.
+fn ca_pem(cn: &str) -> String {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn.to_string());
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    params.self_signed(&key).unwrap().pem()
+}
+
+/// `clusterTrustBundle` sources, by name and by signer and labels: the
+/// anchors are in the running container, and a bundle changed or added
+/// is there too within seconds, without a restart.
+async fn trust_bundles_are_projected_and_kept_current(rt: Rt) {
+    use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
+    let (j, admin, pods) = ready_node(rt, "kl-ctb", &[pods::busybox_archive()]).await;
+    let node = j.k.name.clone();
+    let ctbs: Api<ClusterTrustBundle> = Api::all(admin.clone());
+    // A signer's bundles are named after it (slashes as colons).
+    let signer = format!("kinglet.test/{node}");
+    let named = format!("{node}-plain");
+    let of_signer = |i: u32| format!("kinglet.test:{node}:{i}");
+    let bundle = |name: &str, signer: Option<&str>, pem: &str| -> ClusterTrustBundle {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"team": "edge"}},
+            "spec": {"signerName": signer, "trustBundle": pem}
+        }))
+        .unwrap()
+    };
+    let (a, b, c) = (ca_pem("a"), ca_pem("b"), ca_pem("c"));
+    let pp = PostParams::default();
+    ctbs.create(&pp, &bundle(&named, None, &a)).await.unwrap();
+    ctbs.create(&pp, &bundle(&of_signer(1), Some(&signer), &b))
+        .await
+        .unwrap();
+    let script = "while true; do echo now $(grep -c BEGIN /v/named.pem) $(grep -c BEGIN /v/signer.pem) $(md5sum < /v/named.pem | cut -c1-8); sleep 0.2; done";
+    create(&pods, &node, &format!("{node}-ctb"), &format!(
+        "  containers:\n  - name: c\n    image: {BB}\n    command: [sh, -c, {script:?}]\n    volumeMounts:\n    - {{name: t, mountPath: /v}}\n  volumes:\n  - name: t\n    projected:\n      sources:\n      - clusterTrustBundle: {{name: {named}, path: named.pem}}\n      - clusterTrustBundle: {{signerName: {signer}, labelSelector: {{matchLabels: {{team: edge}}}}, path: signer.pem}}\n"
+    )).await;
+    let l = wait_log(j.dir.path(), &format!("{node}-ctb"), "now 1 1 ", 60).await;
+    let first = l
+        .lines()
+        .find(|x| x.starts_with("now 1 1 "))
+        .unwrap()
+        .to_string();
+    // Another bundle of the signer, and the named one changed.
+    ctbs.create(&pp, &bundle(&of_signer(2), Some(&signer), &c))
+        .await
+        .unwrap();
+    let mut changed = bundle(&named, None, &c);
+    changed.metadata.resource_version = ctbs.get(&named).await.unwrap().metadata.resource_version;
+    ctbs.replace(&named, &pp, &changed).await.unwrap();
+    let t = Instant::now();
+    let old_sum = first.trim_start_matches("now 1 1 ").to_string();
+    let dir = j.dir.path().to_path_buf();
+    let pod = format!("{node}-ctb");
+    wait_for(
+        "both changes in the running container",
+        Duration::from_secs(30),
+        || async {
+            let l = pod_log(&dir, &pod);
+            l.lines()
+                .any(|x| x.starts_with("now 1 2 ") && !x.ends_with(old_sum.as_str()))
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "figure: ClusterTrustBundle changes in the running container after {:?}",
+        t.elapsed()
+    );
+    pods.delete(
+        &format!("{node}-ctb"),
+        &DeleteParams::default().grace_period(0),
+    )
+    .await
+    .unwrap();
+    for n in [named, of_signer(1), of_signer(2)] {
+        let _ = ctbs.delete(&n, &DeleteParams::default()).await;
+    }
 }
 
 async fn object_volumes_are_written_and_kept_current(rt: Rt) {
