@@ -195,6 +195,10 @@ fn the_deb_installs_upgrades_and_purges_cleanly() {
             .contains("# edited by the admin")
     );
     assert_eq!(mode(&cfg), (0o600, 0, 0));
+    // Without systemd there is no agent to put on trial: the binary the
+    // upgrade replaced (kept by preinst for postinst's trial) is not left.
+    let kept = r.join("var/lib/kinglet/upgrade/kinglet.replaced");
+    assert!(!kept.exists(), "{kept:?} left after the upgrade");
 
     std::fs::write(r.join("etc/kinglet/kubeconfig"), "apiVersion: v1\n").unwrap();
     std::fs::create_dir_all(r.join("var/lib/kinglet/pods")).unwrap();
