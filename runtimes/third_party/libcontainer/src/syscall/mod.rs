@@ -5,6 +5,7 @@
 pub mod linux;
 #[allow(clippy::module_inception)]
 pub mod syscall;
+#[cfg(test)]
 pub mod test;
 
 pub use syscall::Syscall;

@@ -19,6 +19,7 @@ use oci_spec::runtime::PosixRlimit;
 use crate::config::PersonalityDomain;
 use crate::syscall::Result;
 use crate::syscall::linux::{LinuxSyscall, MountAttr};
+#[cfg(test)]
 use crate::syscall::test::TestHelperSyscall;
 
 /// This specifies various kernel/other functionalities required for
@@ -92,16 +93,18 @@ pub trait Syscall {
 #[derive(Clone, Copy)]
 pub enum SyscallType {
     Linux,
+    #[cfg(test)]
     Test,
 }
 
 impl Default for SyscallType {
+    #[cfg(test)]
     fn default() -> Self {
-        if cfg!(test) {
-            SyscallType::Test
-        } else {
-            SyscallType::Linux
-        }
+        SyscallType::Test
+    }
+    #[cfg(not(test))]
+    fn default() -> Self {
+        SyscallType::Linux
     }
 }
 
@@ -109,6 +112,7 @@ impl SyscallType {
     pub fn create_syscall(&self) -> Box<dyn Syscall> {
         match self {
             SyscallType::Linux => Box::new(LinuxSyscall),
+            #[cfg(test)]
             SyscallType::Test => Box::<TestHelperSyscall>::default(),
         }
     }
