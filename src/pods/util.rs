@@ -305,6 +305,14 @@ pub fn pod_requests(pod: &Pod) -> (u128, u128) {
     )
 }
 
+/// The sooner of two optional delays (none: no wake-up wanted).
+pub fn soonest(
+    a: Option<std::time::Duration>,
+    b: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    a.into_iter().chain(b).min()
+}
+
 /// The pod's service account: `serviceAccountName`, else `default` (what
 /// the apiserver's admission would have set).
 pub fn service_account(pod: &Pod) -> String {

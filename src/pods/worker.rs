@@ -34,7 +34,7 @@ use super::podfiles::{FileError, PodFiles};
 use super::prober::{Kind, Prober};
 use super::report::{Report, Reporter};
 use super::status;
-use super::util::{NodeFacts, ObjectError};
+use super::util::{NodeFacts, ObjectError, soonest};
 use super::volumes::{self, Volumes};
 use crate::pods::kuberuntime::plan::{self, Backoffs, Health, Step, Unprobed};
 use crate::pods::util::pod_name;
@@ -159,13 +159,6 @@ enum SandboxRefused {
     NoUserNamespaces,
     #[error("{0}")]
     Runtime(#[from] kinglet_runtime::RuntimeError),
-}
-
-fn soonest(a: Wake, b: Wake) -> Wake {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 pub struct Worker {

@@ -331,6 +331,16 @@ where
 /// How long a process is left to finish once its client went away.
 const CLIENT_GONE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// How a session ended.
+enum End {
+    /// The process ended (or the client detached from an attach).
+    Exit(Result<i32, RuntimeError>),
+    /// The client went away; the process is killed.
+    ClientGone,
+    /// No data moved for the idle timeout.
+    Idle,
+}
+
 /// Streams one session over an upgraded connection until the process
 /// ends (then its status and a close), the client goes away, or no data
 /// moves for `idle` (then the session is dropped, which kills the
@@ -345,20 +355,9 @@ pub async fn stream<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let ws = super::ws::server(io).await;
-    let (mut sink, mut source) = ws.split();
-    let (tx, mut rx) = mpsc::channel::<Message>(8);
+    let (sink, mut source) = super::ws::server(io).await.split();
     let activity = Activity::new(idle);
-    let sent = activity.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
-            sent.touch();
-            if sink.send(m).await.is_err() {
-                return None;
-            }
-        }
-        Some(sink)
-    });
+    let (tx, writer) = super::ws::writer(sink, activity.clone());
     // As upstream: an empty first message on the first stream the client
     // reads, so it knows the streams are up.
     let first = match (want.stdout, want.stderr) {
@@ -378,45 +377,65 @@ pub async fn stream<IO>(
         );
         exit
     };
-    let mut run = Box::pin(run);
-    let exit = tokio::select! {
-        e = &mut run => Some(e),
-        // The client's side ended: a process that is finishing anyway
-        // (its output in flight) gets a moment to, then it is killed. An
-        // attach the client detached from ends well, the container running.
-        end = read_client(&mut source, p, stdin, resize, &activity, want.detach_on_stdin_close) => {
-            match end {
-                // The runtime's own end first (containerd ends the attach
-                // once the stdin it was sent is in), else it ends here.
-                ClientEnd::Detached => Some(
-                    tokio::time::timeout(CLIENT_GONE_GRACE, &mut run)
-                        .await
-                        .unwrap_or(Ok(0)),
-                ),
-                ClientEnd::Gone => tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await.ok(),
-            }
+    let client = read_client(
+        &mut source,
+        p,
+        stdin,
+        resize,
+        &activity,
+        want.detach_on_stdin_close,
+    );
+    // The session's end kills a process still running and drops the
+    // pumps' senders, so the writer below sees the end of its queue.
+    let e = match session_end(run, client, &activity).await {
+        End::Exit(e) => e,
+        End::Idle => {
+            debug!(
+                ?idle,
+                "exec session idle (streamingConnectionIdleTimeout); the process is killed"
+            );
+            writer.abort();
+            return;
         }
-        _ = activity.expired() => {
-            debug!(?idle, "exec session idle (streamingConnectionIdleTimeout); the process is killed");
+        End::ClientGone => {
+            debug!("exec client went away; the process is killed");
+            // Nobody reads the socket any more: it goes now, with the writer.
             writer.abort();
             return;
         }
     };
-    // The session's end kills a process still running and drops the
-    // pumps' senders, so the writer below sees the end of its queue.
-    drop(run);
-    let Some(e) = &exit else {
-        debug!("exec client went away; the process is killed");
-        // Nobody reads the socket any more: it goes now, with the writer.
-        writer.abort();
-        return;
-    };
-    if let Some(body) = exit_status(p, e, &cmd) {
+    if let Some(body) = exit_status(p, &e, &cmd) {
         let _ = tx.send(frame(p, ERROR, &body)).await;
     }
     drop(tx);
     if let Ok(Some(sink)) = writer.await {
         close_normally(sink, source).await;
+    }
+}
+
+/// Waits for the process (`run`), the client's side or the idle timeout.
+async fn session_end(
+    run: impl std::future::Future<Output = Result<i32, RuntimeError>>,
+    client: impl std::future::Future<Output = ClientEnd>,
+    activity: &Activity,
+) -> End {
+    let mut run = std::pin::pin!(run);
+    tokio::select! {
+        e = &mut run => End::Exit(e),
+        // The client's side ended: a process that is finishing anyway
+        // (its output in flight) gets a moment to, then it is killed. An
+        // attach the client detached from ends well, the container running.
+        end = client => {
+            let finishing = tokio::time::timeout(CLIENT_GONE_GRACE, &mut run).await;
+            match (end, finishing) {
+                (_, Ok(e)) => End::Exit(e),
+                // The runtime's own end first (containerd ends the attach
+                // once the stdin it was sent is in), else it ends here.
+                (ClientEnd::Detached, Err(_)) => End::Exit(Ok(0)),
+                (ClientEnd::Gone, Err(_)) => End::ClientGone,
+            }
+        }
+        _ = activity.expired() => End::Idle,
     }
 }
 
@@ -441,20 +460,20 @@ where
     let _ = sink.close().await;
 }
 
-/// The runtime's ID of the named container, if it runs, or upstream's
-/// 404/500 status and message.
+/// The runtime's ID of the named container, if it runs, and its pod; or
+/// upstream's 404/500 status and message.
 fn running_container(
     state: &State,
     target: &Target<'_>,
     container: &str,
-) -> Result<String, (StatusCode, String)> {
+) -> Result<(String, std::sync::Arc<k8s_openapi::api::core::v1::Pod>), (StatusCode, String)> {
     let (_, entry) = target.find(&state.view)?;
     let s = &entry.status;
     let statuses = s.container_statuses.iter().flatten();
     let statuses = statuses
         .chain(s.init_container_statuses.iter().flatten())
         .chain(s.ephemeral_container_statuses.iter().flatten());
-    statuses
+    let id = statuses
         .filter(|c| c.name == container)
         .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
         .find_map(|c| c.container_id.as_deref())
@@ -462,7 +481,8 @@ fn running_container(
         .ok_or_else(|| {
             let msg = format!("container not found ({container:?})");
             (StatusCode::INTERNAL_SERVER_ERROR, msg)
-        })
+        })?;
+    Ok((id, entry.pod))
 }
 
 /// Whether the container's stdin closes with its first attach's
@@ -510,16 +530,13 @@ pub async fn handle(
         let msg = "requested protocol(s) are not supported";
         return text(StatusCode::BAD_REQUEST, msg);
     };
-    let id = match running_container(state, &target, container) {
-        Ok(id) => id,
+    let (id, pod) = match running_container(state, &target, container) {
+        Ok(found) => found,
         Err((code, msg)) => return text(code, msg),
     };
     let mut want = want;
     if kind == Kind::Attach && want.stdin {
-        let once = target
-            .find(&state.view)
-            .is_ok_and(|(_, e)| closes_stdin_once(&e.pod, container));
-        want.detach_on_stdin_close = !once;
+        want.detach_on_stdin_close = !closes_stdin_once(&pod, container);
     }
     let opts = want.exec_options(cmd.clone());
     let started = match kind {
@@ -574,7 +591,7 @@ pub async fn run(
         return text(StatusCode::BAD_REQUEST, "you must specify a command");
     }
     let id = match running_container(state, &target, container) {
-        Ok(id) => id,
+        Ok((id, _)) => id,
         Err((code, msg)) => return text(code, msg),
     };
     // Bounded, unlike upstream's: a command that never ends must not hold

@@ -102,18 +102,8 @@ pub async fn serve<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sink, mut source) = ws.split();
-    let (tx, mut rx) = mpsc::channel::<Message>(8);
-    let sent = activity.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(m) = rx.recv().await {
-            sent.touch();
-            if sink.send(m).await.is_err() {
-                return;
-            }
-        }
-        let _ = sink.send(Message::Close(None)).await;
-    });
+    let (sink, mut source) = ws.split();
+    let (tx, writer) = super::ws::writer(sink, activity.clone());
     let mut to_pod = Vec::new();
     let mut downs = Vec::new();
     for (i, port) in ports.iter().copied().enumerate() {
@@ -141,7 +131,9 @@ pub async fn serve<IO>(
         _ = activity.expired() => debug!("port-forward idle (streamingConnectionIdleTimeout); closed"),
     }
     drop(to_pod);
-    let _ = writer.await;
+    if let Ok(Some(mut sink)) = writer.await {
+        let _ = sink.send(Message::Close(None)).await;
+    }
 }
 
 /// The pod's bytes to the client on channel `ch`.

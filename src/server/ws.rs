@@ -85,6 +85,33 @@ where
     WebSocketStream::from_raw_socket(io, Role::Server, Some(config)).await
 }
 
+/// A task that sends the messages queued on the returned sender, each
+/// one `activity`; it gives the sink back once every sender is gone
+/// (`None` when the peer went away first). Streams queue here instead of
+/// sharing the sink.
+pub fn writer<K>(
+    mut sink: K,
+    activity: super::idle::Activity,
+) -> (
+    tokio::sync::mpsc::Sender<Message>,
+    tokio::task::JoinHandle<Option<K>>,
+)
+where
+    K: futures::Sink<Message> + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(8);
+    let task = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            activity.touch();
+            if sink.send(m).await.is_err() {
+                return None;
+            }
+        }
+        Some(sink)
+    });
+    (tx, task)
+}
+
 /// The server side of the WebSocket on an upgraded connection.
 pub async fn accept(io: Upgraded) -> WebSocketStream<Upgraded> {
     server(io).await

@@ -197,13 +197,6 @@ struct Used {
     certs: BTreeSet<(String, usize)>,
 }
 
-fn soonest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 /// The mode of a credential's file (a token, trust anchors, a pod
 /// certificate): the default mode, or 0600 when the pod has an `fsGroup`
 /// (which then reads it through the group), as upstream.
@@ -359,7 +352,10 @@ impl Volumes {
             .values()
             .map(|t| t.refresh_at.saturating_duration_since(now))
             .min();
-        Ok(soonest(token, podcert::next_refresh(self.certs.values())))
+        Ok(crate::pods::util::soonest(
+            token,
+            podcert::next_refresh(self.certs.values()),
+        ))
     }
 
     /// An emptyDir, once per worker: on tmpfs with `medium: Memory`,
