@@ -187,30 +187,54 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
             ),
         });
     }
-    let (cpu, mem) = pod_requests(pod);
-    let used_cpu = admitted
-        .iter()
-        .fold(0u128, |a, p| a.saturating_add(pod_requests(p).0));
-    let used_mem = admitted
-        .iter()
-        .fold(0u128, |a, p| a.saturating_add(pod_requests(p).1));
-    if cpu > 0 && used_cpu.saturating_add(cpu) > node.cpu_milli {
-        return Err(Rejection {
-            reason: "OutOfcpu".into(),
-            message: format!(
-                "Pod was rejected: Node didn't have enough resource: cpu, requested: {cpu}, used: {used_cpu}, capacity: {}",
-                node.cpu_milli
-            ),
-        });
+    resources_fit(pod, admitted, node).map_err(|s| Rejection {
+        reason: format!("OutOf{}", s.resource),
+        message: format!("Pod was rejected: {s}"),
+    })
+}
+
+/// A resource the node has too little of for a pod (upstream's
+/// `InsufficientResourceError`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shortfall {
+    pub resource: &'static str,
+    pub requested: u128,
+    pub used: u128,
+    pub capacity: u128,
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Node didn't have enough resource: {}, requested: {}, used: {}, capacity: {}",
+            self.resource, self.requested, self.used, self.capacity
+        )
     }
-    if mem > 0 && used_mem.saturating_add(mem) > node.memory {
-        return Err(Rejection {
-            reason: "OutOfmemory".into(),
-            message: format!(
-                "Pod was rejected: Node didn't have enough resource: memory, requested: {mem}, used: {used_mem}, capacity: {}",
-                node.memory
-            ),
-        });
+}
+
+/// Whether the pod's CPU and memory requests fit in what is allocatable
+/// next to `admitted` (at admission, and for a resize).
+pub fn resources_fit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Shortfall> {
+    let (cpu, mem) = pod_requests(pod);
+    let used = |i: usize| {
+        admitted.iter().fold(0u128, |a, p| {
+            let r = pod_requests(p);
+            a.saturating_add(if i == 0 { r.0 } else { r.1 })
+        })
+    };
+    for (resource, requested, used, capacity) in [
+        ("cpu", cpu, used(0), node.cpu_milli),
+        ("memory", mem, used(1), node.memory),
+    ] {
+        if requested > 0 && used.saturating_add(requested) > capacity {
+            return Err(Shortfall {
+                resource,
+                requested,
+                used,
+                capacity,
+            });
+        }
     }
     Ok(())
 }

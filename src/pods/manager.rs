@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::admit;
+use super::allocation::{self, Allocations, Outcome};
 use super::config::validate;
 use super::config::{SourceUpdate, Sources};
 use super::pleg::{self, Pleg};
@@ -57,6 +58,8 @@ pub struct PodManager {
     /// Pods refused at admission: never started, never retried; `true`
     /// once their deletion was handed to the status manager.
     rejected: BTreeMap<String, bool>,
+    /// What each running pod's containers are allocated (in-place resize).
+    allocations: Allocations,
     cleaned: bool,
     reports: mpsc::Sender<Report>,
     kills: mpsc::Receiver<(String, KillRequest)>,
@@ -95,6 +98,7 @@ impl PodManager {
             allocatable,
             workers: PodWorkers::default(),
             rejected: BTreeMap::new(),
+            allocations: Allocations::default(),
             cleaned: false,
             reports: report_tx,
             kills,
@@ -159,7 +163,10 @@ impl PodManager {
                 }
                 _ = relist.tick() => self.relist().await,
                 _ = gc.tick() => self.collect_sandboxes(),
-                _ = housekeeping.tick() => self.sweep_pod_cgroups(),
+                _ = housekeeping.tick() => {
+                    self.sweep_pod_cgroups();
+                    self.retry_deferred_resizes();
+                }
                 _ = reconcile.tick() => self.reconcile_statuses(),
                 _ = cache.wanted() => self.relist().await,
                 _ = async {
@@ -255,7 +262,9 @@ impl PodManager {
         for (uid, pod) in &desired {
             let deleting = pod.metadata.deletion_timestamp.is_some();
             if self.workers.known(uid) {
-                self.workers.update(uid, pod);
+                self.resize(uid, pod);
+                let run = self.allocations.allocated_pod(uid, pod);
+                self.workers.update(uid, &run);
             } else if let Some(deleted) = self.rejected.get_mut(uid) {
                 // A rejected pod never ran: its deletion is written once.
                 if deleting && !*deleted {
@@ -315,16 +324,8 @@ impl PodManager {
         // A pod whose containers already run (a restart) is not admitted
         // again; a new one must fit next to the running ones.
         if self.pleg.cache().get(uid).is_empty() {
-            let others: Vec<&Pod> =
-                self.workers
-                    .in_phase(Phase::Syncing)
-                    .filter(|u| {
-                        !self.status.get(u).is_some_and(|s| {
-                            matches!(s.phase.as_deref(), Some("Succeeded" | "Failed"))
-                        })
-                    })
-                    .filter_map(|u| desired.get(u))
-                    .collect();
+            let others = self.allocated_others(uid, desired);
+            let others: Vec<&Pod> = others.iter().map(|p| &**p).collect();
             if let Err(r) = admit::admit(pod, &others, &self.allocatable) {
                 self.reject(uid, pod, r);
                 return;
@@ -348,7 +349,13 @@ impl PodManager {
             let mut ran = ran.lock().unwrap_or_else(|p| p.into_inner());
             ran.insert(uid.to_string());
         }
-        let (rx, wake) = self.workers.add(uid, pod);
+        // A pod adopted after a restart keeps its start time and what it
+        // was allocated.
+        let start_time = self.status.adopt(uid);
+        let recorded = self.status.allocation(uid).cloned();
+        self.allocations.add(uid, pod, recorded);
+        let run = self.allocations.allocated_pod(uid, pod);
+        let (rx, wake) = self.workers.add(uid, &run);
         let rep = Reporter {
             uid: uid.to_string(),
             tx: self.reports.clone(),
@@ -360,23 +367,141 @@ impl PodManager {
             self.pleg.cache(),
             rep,
         );
-        // A pod adopted after a restart keeps its start time.
-        if let Some(t) = self.status.adopt(uid) {
+        if let Some(t) = start_time {
             w.set_start_time(t);
         }
+        if let Some(st) = self.status.get(uid) {
+            w.set_actuated(st);
+        }
         tokio::spawn(w.run(rx, wake, shutdown.clone()));
+        if let Some(a) = self.allocations.get(uid) {
+            let a = a.clone();
+            self.status.set_allocation(uid, pod, &a);
+        }
+        // A resize made while kinglet was down.
+        self.resize(uid, pod);
+    }
+
+    /// Looks at a pod's spec against what it is allocated (upstream's
+    /// `HandlePodUpdates` → `RetryPendingResizes`): a resize that fits is
+    /// allocated and its worker runs it; one that does not is pending.
+    fn resize(&mut self, uid: &str, pod: &Pod) {
+        let differs = self
+            .allocations
+            .get(uid)
+            .is_some_and(|a| allocation::apply(pod, a).is_some());
+        if !differs && self.allocations.pending(uid).is_none() {
+            return;
+        }
+        let desired = self.sources.desired();
+        let others = self.allocated_others(uid, &desired);
+        let others: Vec<&Pod> = others.iter().map(|p| &**p).collect();
+        let node = &self.node;
+        let swaps = |c: &k8s_openapi::api::core::v1::Container| {
+            let limit = None;
+            let s = crate::pods::kuberuntime::swap::container_swap(
+                pod,
+                c,
+                &node.swap,
+                node.memory_capacity,
+                limit,
+            );
+            s.swap_max.is_some_and(|m| m > 0)
+        };
+        let had_pending = self.allocations.pending(uid).is_some();
+        match self
+            .allocations
+            .resize(uid, pod, &others, &self.allocatable, &swaps)
+        {
+            Outcome::Unchanged if !had_pending => return,
+            Outcome::Unchanged => {}
+            Outcome::Allocated => {
+                let msg = allocation::event_message("Pod resize started", pod, None);
+                self.status.event(pod, "Normal", "ResizeStarted", &msg);
+                if let Some(a) = self.allocations.get(uid).cloned() {
+                    self.status.set_allocation(uid, pod, &a);
+                }
+            }
+            Outcome::Pending(_, false) => return,
+            Outcome::Pending(p, true) => {
+                let prefix = format!("Pod resize {}", p.reason);
+                let msg = allocation::event_message(&prefix, pod, Some(&p.message));
+                self.status
+                    .event(pod, "Warning", &format!("Resize{}", p.reason), &msg);
+            }
+        }
+        // The condition changed: the status says so now.
+        if let Some(mut st) = self.status.get(uid).cloned() {
+            self.resize_pending_condition(uid, &mut st);
+            let run = self.allocations.allocated_pod(uid, pod);
+            self.status.set(uid, &run, st);
+        }
+    }
+
+    /// Upstream retries deferred resizes as pods go and periodically.
+    fn retry_deferred_resizes(&mut self) {
+        for uid in self.allocations.deferred() {
+            if let Some(pod) = self.sources.get(&uid).cloned() {
+                self.resize(&uid, &pod);
+            }
+        }
+    }
+
+    /// The allocated pods running next to `uid`, as admission counts them.
+    fn allocated_others<'a>(
+        &self,
+        uid: &str,
+        desired: &'a BTreeMap<String, Pod>,
+    ) -> Vec<std::borrow::Cow<'a, Pod>> {
+        self.workers
+            .in_phase(Phase::Syncing)
+            .filter(|u| *u != uid)
+            .filter(|u| {
+                !self
+                    .status
+                    .get(u)
+                    .is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
+            })
+            .filter_map(|u| desired.get(u).map(|p| self.allocations.allocated(u, p)))
+            .collect()
+    }
+
+    /// The status with upstream's `PodResizePending` condition if the
+    /// pod's resize is pending (the worker reports the others).
+    fn resize_pending_condition(&self, uid: &str, st: &mut k8s_openapi::api::core::v1::PodStatus) {
+        let conditions = st.conditions.get_or_insert_with(Vec::new);
+        conditions.retain(|c| c.type_ != "PodResizePending");
+        if let Some(p) = self.allocations.pending(uid) {
+            conditions.push(k8s_openapi::api::core::v1::PodCondition {
+                type_: "PodResizePending".into(),
+                status: "True".into(),
+                reason: Some(p.reason.into()),
+                message: Some(p.message.clone()),
+                observed_generation: p.generation,
+                ..Default::default()
+            });
+        }
     }
 
     fn on_report(&mut self, r: Report, shutdown: &CancellationToken) {
         match r {
-            Report::Status { uid, pod, status } => self.status.set(&uid, &pod, *status),
+            Report::Status { uid, pod, status } => {
+                let mut status = *status;
+                self.resize_pending_condition(&uid, &mut status);
+                self.status.set(&uid, &pod, status);
+            }
             Report::Event {
                 pod,
                 type_,
                 reason,
                 message,
             } => self.status.event(&pod, type_, &reason, &message),
-            Report::Terminated { uid } => self.workers.terminated(&uid),
+            Report::Terminated { uid } => {
+                self.workers.terminated(&uid);
+                // What it was allocated is free for a deferred resize.
+                self.allocations.remove(&uid);
+                self.retry_deferred_resizes();
+            }
             Report::Removed { uid, pod } => {
                 info!(pod = %pod_name(&pod), uid = %uid, "pod removed");
                 self.status.terminated(&uid, &pod);

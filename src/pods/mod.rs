@@ -6,8 +6,10 @@
 //!   [`config::validate`] the one gate every pod (static or API) passes
 //!   before anything of it touches the disk;
 //! - [`manager`]: the task that joins the parts, admission ([`admit`],
-//!   with the sysctl allowlist of [`sysctls`]),
-//!   and removal of what pods that are gone left behind;
+//!   with the sysctl allowlist of [`sysctls`]), the allocation of
+//!   in-place resizes ([`allocation`]: what each pod's containers are
+//!   allocated, which the workers run), and removal of what pods that
+//!   are gone left behind;
 //! - [`pod_workers`]: each UID's phase, syncing → terminating →
 //!   terminated, and the rule that a terminated UID never comes back;
 //! - [`worker`]: one task per pod that plans, executes and reports
@@ -15,7 +17,8 @@
 //!   node it is given ([`worker::NodeContext`]);
 //! - [`kuberuntime`]: pure, from the pod spec to runtime actions and
 //!   configs: the plan (upstream's `computePodActions`), the sandbox
-//!   config, each container's config and environment;
+//!   config, each container's config and environment, and what a resize
+//!   does to running containers;
 //! - [`pleg`]: the relist, its timestamped per-pod cache and its health;
 //! - [`status`]: the pod status computed from container states;
 //!   [`status::manager`] its single writer (local records and, through
@@ -48,6 +51,7 @@
 //! trait.
 
 pub mod admit;
+pub mod allocation;
 pub mod config;
 pub mod fieldpath;
 pub mod fuzz;

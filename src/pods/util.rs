@@ -274,8 +274,9 @@ pub fn namespace_and_name(pod: &Pod) -> (String, String) {
     (ns, pod.metadata.name.clone().unwrap_or_default())
 }
 
-/// A pod's effective requests (upstream's `PodRequests`) (cpu in millicores, memory in bytes): the
-/// larger of the sum of its containers and its largest init container.
+/// A pod's effective requests (upstream's `PodRequests`; cpu in
+/// millicores, memory in bytes): its containers and sidecars together, or
+/// its largest init container next to the sidecars before it if larger.
 pub fn pod_requests(pod: &Pod) -> (u128, u128) {
     let Some(spec) = &pod.spec else { return (0, 0) };
     let req = |c: &k8s_openapi::api::core::v1::Container, r: &str| -> u128 {
@@ -286,23 +287,28 @@ pub fn pod_requests(pod: &Pod) -> (u128, u128) {
             .or_else(|| res.limits.as_ref().and_then(|m| m.get(r)))
             .map_or(0, |q| quantity_milli(&q.0))
     };
-    let sum = |r: &str| {
-        spec.containers
+    // Upstream's `PodRequests`: the containers and the sidecars add up;
+    // an init container runs next to the sidecars started before it, and
+    // the pod needs the larger of the two.
+    let total = |r: &str| {
+        let mut sum = spec
+            .containers
             .iter()
-            .fold(0u128, |acc, c| acc.saturating_add(req(c, r)))
+            .fold(0u128, |acc, c| acc.saturating_add(req(c, r)));
+        let (mut sidecars, mut init_max) = (0u128, 0u128);
+        for c in spec.init_containers.iter().flatten() {
+            let here = if is_sidecar(c) {
+                sum = sum.saturating_add(req(c, r));
+                sidecars = sidecars.saturating_add(req(c, r));
+                sidecars
+            } else {
+                req(c, r).saturating_add(sidecars)
+            };
+            init_max = init_max.max(here);
+        }
+        sum.max(init_max)
     };
-    let init = |r: &str| {
-        spec.init_containers
-            .iter()
-            .flatten()
-            .map(|c| req(c, r))
-            .max()
-            .unwrap_or(0)
-    };
-    (
-        sum("cpu").max(init("cpu")),
-        sum("memory").max(init("memory")) / 1000,
-    )
+    (total("cpu"), total("memory") / 1000)
 }
 
 /// The sooner of two optional delays (none: no wake-up wanted).

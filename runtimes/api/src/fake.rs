@@ -424,6 +424,26 @@ impl Runtime for FakeRuntime {
         })
     }
 
+    fn update_container_resources<'a>(
+        &'a self,
+        id: &'a str,
+        r: &'a crate::ContainerResources,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let mut s = self.lock();
+            if !s.containers.contains_key(id) {
+                return Err(RuntimeError::NotFound(format!("container {id}")));
+            }
+            let q = r.cpu_quota.map_or("-".into(), |q| q.to_string());
+            let m = r.memory_limit.map_or("-".into(), |m| m.to_string());
+            s.calls.push(format!(
+                "update {id} shares={} quota={q} memory={m}",
+                r.cpu_shares
+            ));
+            Ok(())
+        })
+    }
+
     fn container_stats(&self) -> BoxFuture<'_, Result<Vec<crate::Usage>, RuntimeError>> {
         Box::pin(async move {
             self.check_up()?;

@@ -237,6 +237,34 @@ pub struct ContainerConfig {
     pub pid_target: Option<String>,
 }
 
+/// The cgroup settings an in-place resize changes (CRI
+/// `LinuxContainerResources`, the parts kinglet sets). `None` is "no
+/// limit": a quota or memory limit that was set is lifted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerResources {
+    pub cpu_shares: u64,
+    /// Microseconds per 100 ms period.
+    pub cpu_quota: Option<i64>,
+    pub memory_limit: Option<i64>,
+    /// Memory plus swap (cgroup v1's `memory.memsw.limit_in_bytes`).
+    pub memory_swap_limit: Option<i64>,
+    /// cgroup v2 files to write (CRI `unified`): `memory.swap.max`.
+    pub unified: std::collections::BTreeMap<String, String>,
+}
+
+impl ContainerConfig {
+    /// The resources part of the config, as a resize sets it.
+    pub fn resources(&self) -> ContainerResources {
+        ContainerResources {
+            cpu_shares: self.cpu_shares.unwrap_or(2),
+            cpu_quota: self.cpu_quota,
+            memory_limit: self.memory_limit,
+            memory_swap_limit: self.memory_swap_limit,
+            unified: self.unified.clone(),
+        }
+    }
+}
+
 /// CRI container states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ContainerState {
@@ -452,6 +480,15 @@ pub trait Runtime: Send + Sync {
         timeout: std::time::Duration,
     ) -> BoxFuture<'a, Result<(), RuntimeError>>;
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// CRI `UpdateContainerResources`: a running container's CPU and
+    /// memory settings changed in place (an in-place pod resize).
+    fn update_container_resources<'a>(
+        &'a self,
+        _id: &'a str,
+        _resources: &'a ContainerResources,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        unsupported("UpdateContainerResources")
+    }
     /// CRI `ListContainers` with status.
     fn list_containers(&self) -> BoxFuture<'_, Result<Vec<ContainerStatus>, RuntimeError>>;
 

@@ -155,14 +155,12 @@ pub(crate) fn container_config(
         tty: cfg.tty,
         linux: Some(proto::LinuxContainerConfig {
             resources: Some(proto::LinuxContainerResources {
+                // At creation an unset limit is left out, as upstream.
                 cpu_period: if cfg.cpu_quota.is_some() { 100_000 } else { 0 },
                 cpu_quota: cfg.cpu_quota.unwrap_or(0),
                 cpu_shares: cfg.cpu_shares.unwrap_or(0) as i64,
-                memory_limit_in_bytes: cfg.memory_limit.unwrap_or(0),
-                memory_swap_limit_in_bytes: cfg.memory_swap_limit.unwrap_or(0),
-                unified: cfg.unified.clone().into_iter().collect(),
                 oom_score_adj: cfg.oom_score_adj.unwrap_or(0) as i64,
-                ..Default::default()
+                ..linux_resources(&cfg.resources())
             }),
             security_context: Some(proto::LinuxContainerSecurityContext {
                 capabilities: Some(proto::Capability {
@@ -293,5 +291,21 @@ pub(crate) fn image_info(i: proto::Image) -> ImageInfo {
         uid: i.uid.map(|u| u.value),
         username: i.username,
         pinned: i.pinned,
+    }
+}
+
+/// CRI's `LinuxContainerResources` for a container's CPU and memory (at
+/// creation and for an in-place resize). A lifted limit is sent as
+/// containerd takes it: a quota of -1, a memory limit of 0 (unset), as
+/// upstream's kubelet sends them.
+pub fn linux_resources(r: &kinglet_runtime::ContainerResources) -> proto::LinuxContainerResources {
+    proto::LinuxContainerResources {
+        cpu_period: 100_000,
+        cpu_quota: r.cpu_quota.unwrap_or(-1),
+        cpu_shares: r.cpu_shares as i64,
+        memory_limit_in_bytes: r.memory_limit.unwrap_or(0),
+        memory_swap_limit_in_bytes: r.memory_swap_limit.unwrap_or(0),
+        unified: r.unified.clone().into_iter().collect(),
+        ..Default::default()
     }
 }

@@ -613,6 +613,25 @@ impl Runtime for CriRuntime {
         })
     }
 
+    fn update_container_resources<'a>(
+        &'a self,
+        id: &'a str,
+        r: &'a kinglet_runtime::ContainerResources,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let req = proto::UpdateContainerResourcesRequest {
+                container_id: id.into(),
+                linux: Some(convert::linux_resources(r)),
+                ..Default::default()
+            };
+            self.rt()
+                .update_container_resources(request(req, REQUEST_TIMEOUT))
+                .await
+                .map(|_| ())
+                .map_err(|s| status_err("UpdateContainerResources", s))
+        })
+    }
+
     fn remove_container<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         Box::pin(async move {
             match self

@@ -16,6 +16,7 @@
 //! `network.rs` a pod's namespaces and its CNI network (host network pods
 //! share the node's); `sessions.rs` exec, attach and terminals;
 //! `status.rs` what is reported of containers and their cgroups' usage;
+//! `resize.rs` a running container's cgroup changed in place;
 //! `images/` the image store; this file the `Runtime` trait over them.
 
 mod bundle;
@@ -26,6 +27,7 @@ pub mod monitor;
 pub mod network;
 pub mod procid;
 mod pty;
+pub mod resize;
 mod sessions;
 pub mod spec;
 mod status;
@@ -903,6 +905,24 @@ impl Runtime for OciRuntime {
                 reader: Box::pin(r),
                 writer: Box::pin(w),
             })
+        })
+    }
+
+    fn update_container_resources<'a>(
+        &'a self,
+        id: &'a str,
+        r: &'a kinglet_runtime::ContainerResources,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let bundle = self.container_dir(id);
+            let (root, r) = (self.cgroup_root.clone(), r.clone());
+            blocking(move || {
+                let cg = container::cgroups_path(&bundle).ok_or_else(|| {
+                    RuntimeError::NotFound(format!("container {}", bundle.display()))
+                })?;
+                resize::apply(&root, &cg, &r).map_err(|e| RuntimeError::Other(e.to_string()))
+            })
+            .await
         })
     }
 

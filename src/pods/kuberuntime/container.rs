@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kinglet_runtime::ContainerConfig;
+use kinglet_runtime::{ContainerConfig, ContainerResources};
 
 use super::env::{environment, expand};
 use crate::cm::qos::oom_score_adj;
@@ -157,8 +157,7 @@ pub fn container_config(
         .collect();
     groups.extend(pod_sc.fs_group.map(|g| g as u32));
     let (mounts, sub_paths) = volume_mounts(pod, c, node, &values)?;
-    let limits = Limits::of(c);
-    let swap = super::swap::container_swap(pod, c, &node.swap, node.memory_capacity, limits.memory);
+    let res = container_resources(pod, c, node);
     let caps = sc.capabilities.clone().unwrap_or_default();
     let privileged = sc.privileged.unwrap_or(false);
     let cfg = ContainerConfig {
@@ -174,15 +173,11 @@ pub fn container_config(
         supplemental_groups: groups,
         log_path: format!("{}/{attempt}.log", c.name),
         mounts,
-        memory_limit: limits.memory,
-        memory_swap_limit: swap.memory_swap,
-        unified: swap
-            .swap_max
-            .map(|v| ("memory.swap.max".to_string(), v.to_string()))
-            .into_iter()
-            .collect(),
-        cpu_shares: Some(limits.cpu_shares),
-        cpu_quota: limits.cpu_quota,
+        memory_limit: res.memory_limit,
+        memory_swap_limit: res.memory_swap_limit,
+        unified: res.unified,
+        cpu_shares: Some(res.cpu_shares),
+        cpu_quota: res.cpu_quota,
         pids_limit: (node.pod_pids_limit > 0).then_some(node.pod_pids_limit),
         oom_score_adj: Some(
             oom_score_adj(pod, c, node.memory_capacity).max(node.min_oom_score_adj),
@@ -210,6 +205,24 @@ pub fn container_config(
         pid_target: None,
     };
     Ok((cfg, sub_paths))
+}
+
+/// The CPU and memory settings of `c` as a start makes them and an
+/// in-place resize changes them (the pod passed is the allocated one).
+pub fn container_resources(pod: &Pod, c: &Container, node: &NodeFacts) -> ContainerResources {
+    let limits = Limits::of(c);
+    let swap = super::swap::container_swap(pod, c, &node.swap, node.memory_capacity, limits.memory);
+    ContainerResources {
+        cpu_shares: limits.cpu_shares,
+        cpu_quota: limits.cpu_quota,
+        memory_limit: limits.memory,
+        memory_swap_limit: swap.memory_swap,
+        unified: swap
+            .swap_max
+            .map(|v| ("memory.swap.max".to_string(), v.to_string()))
+            .into_iter()
+            .collect(),
+    }
 }
 
 /// Where the container's termination message is mounted (upstream's

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -35,6 +35,10 @@ pub struct PodRecord {
     pub uid: String,
     pub source: String,
     pub status: PodStatus,
+    /// What each resizable container is allocated (in-place resize), so
+    /// a restart mid-resize carries on from it; older records have none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocated: BTreeMap<String, ResourceRequirements>,
 }
 
 /// One pod as the rest of kinglet may read it (the kubelet API and
@@ -156,6 +160,8 @@ pub struct StatusManager {
     /// Where a pod's first start to Running is observed
     /// (`kubelet_pod_start_duration_seconds`).
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Each pod's allocation, kept in its record.
+    allocated: HashMap<String, BTreeMap<String, ResourceRequirements>>,
 }
 
 impl StatusManager {
@@ -177,6 +183,7 @@ impl StatusManager {
             view: StatusView::default(),
             api,
             metrics: None,
+            allocated: HashMap::new(),
         }
     }
 
@@ -196,8 +203,33 @@ impl StatusManager {
     pub fn adopt(&mut self, uid: &str) -> Option<Time> {
         let rec = read_record(&self.dir, uid)?;
         let start = rec.status.start_time.clone();
+        if !rec.allocated.is_empty() {
+            self.allocated.insert(uid.to_string(), rec.allocated);
+        }
         self.latest.insert(uid.to_string(), Arc::new(rec.status));
         start
+    }
+
+    /// The allocation the pod's record holds (see [`Self::adopt`]).
+    pub fn allocation(&self, uid: &str) -> Option<&BTreeMap<String, ResourceRequirements>> {
+        self.allocated.get(uid)
+    }
+
+    /// Keeps the pod's allocation in its record (written now if it
+    /// changed and the pod has a status to write with it).
+    pub fn set_allocation(
+        &mut self,
+        uid: &str,
+        pod: &Pod,
+        alloc: &BTreeMap<String, ResourceRequirements>,
+    ) {
+        if self.allocated.get(uid) == Some(alloc) {
+            return;
+        }
+        self.allocated.insert(uid.to_string(), alloc.clone());
+        if let Some(st) = self.latest.get(uid).cloned() {
+            self.write_record(uid, pod, &st);
+        }
     }
 
     /// Takes a computed status; writes it only if it changed.
@@ -301,6 +333,7 @@ impl StatusManager {
     /// Drops what is known of a pod that never ran (no API call).
     pub fn forget(&mut self, uid: &str) {
         self.latest.remove(uid);
+        self.allocated.remove(uid);
         self.computed.remove(uid);
         self.written.remove(uid);
         self.view.write().remove(uid);
@@ -348,6 +381,7 @@ impl StatusManager {
                 .and_then(|a| a.get("kubernetes.io/config.source").cloned())
                 .unwrap_or_else(|| "api".into()),
             status: status.clone(),
+            allocated: self.allocated.get(uid).cloned().unwrap_or_default(),
         };
         let Some(path) = record_path(&self.dir, uid) else {
             return;

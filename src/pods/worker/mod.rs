@@ -13,6 +13,8 @@
 //!   or leaves every source, its containers, sandbox, volumes and log dir
 //!   are removed and the worker ends.
 
+mod resize;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -196,6 +198,12 @@ pub struct Worker {
     volumes: Option<Volumes>,
     /// When a volume (a token) is next due for a refresh.
     volume_refresh: Wake,
+    /// What each container's cgroup was last set to (in-place resize).
+    actuated: crate::pods::kuberuntime::resize::Actuated,
+    /// A resize is being actuated (`ResizeCompleted` when it is done).
+    resizing: bool,
+    /// Why the runtime refused the last resize, if it did.
+    resize_error: Option<String>,
 }
 
 impl Worker {
@@ -233,6 +241,9 @@ impl Worker {
             updates: None,
             volumes: None,
             volume_refresh: None,
+            actuated: Default::default(),
+            resizing: false,
+            resize_error: None,
         }
     }
 
@@ -628,10 +639,11 @@ impl Worker {
         if self.probe_and_kill(pod, current).await {
             return None;
         }
+        let resize_retry = self.resize(pod, &sb, &sandbox_id, current).await;
         let now = Instant::now();
         let wall = self.node.clock.now_nanos();
         let steps = plan::plan(pod, current, &self.backoffs, wall, now, self.health());
-        let mut wake = soonest(deadline, self.volume_refresh);
+        let mut wake = soonest(soonest(deadline, self.volume_refresh), resize_retry);
         for s in steps {
             wake = soonest(wake, self.execute(pod, &sb, &sandbox_id, s).await);
         }
@@ -961,6 +973,8 @@ impl Worker {
                     .await);
             }
         };
+        let made_with = c.resources.clone().unwrap_or_default();
+        self.actuated.set(&c.name, &id, made_with);
         let msg = format!("Created container {}", c.name);
         self.rep.event(pod, "Normal", "Created", msg).await;
         if let Err(e) = self.runtime.start_container(&id).await {
@@ -1265,6 +1279,7 @@ impl Worker {
             },
             self.health(),
         );
+        self.resize_status(&mut st, pod, current);
         if let Some(k) = self.killed.as_ref().filter(|k| !k.reason.is_empty()) {
             st.phase = Some("Failed".into());
             st.reason = Some(k.reason.clone());
