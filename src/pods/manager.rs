@@ -421,6 +421,9 @@ impl PodManager {
                 if let Some(a) = self.allocations.get(uid).cloned() {
                     self.status.set_allocation(uid, pod, &a);
                 }
+                // Its worker runs the new allocation (a retried resize
+                // comes with no pod update).
+                self.workers.update(uid, pod);
             }
             Outcome::Pending(_, false) => return,
             Outcome::Pending(p, true) => {

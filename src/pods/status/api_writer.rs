@@ -425,21 +425,13 @@ async fn ensure_mirror(client: &Client, node_name: &str, pod: &Pod) -> Result<()
     }
 }
 
-/// Writes a pod's status. `mirrored` remembers the static pods whose
-/// mirror pod exists, so it is created once, not on every status change.
-async fn write_status(
-    client: &Client,
-    node_name: &str,
-    pod: &Pod,
-    status: &PodStatus,
-    mirrored: &mut HashSet<String>,
-) -> Result<(), kube::Error> {
-    let (api, _, name) = pod_api(client, pod);
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if is_static(pod) && !mirrored.contains(&uid) {
-        ensure_mirror(client, node_name, pod).await?;
-        mirrored.insert(uid.clone());
-    }
+/// Conditions only the kubelet sets that are there only while something
+/// is under way (upstream's status manager drops the kubelet's conditions
+/// its new status lacks).
+pub const TRANSIENT_CONDITIONS: [&str; 2] = ["PodResizePending", "PodResizeInProgress"];
+
+/// The strategic merge patch that writes `status` onto `pod`.
+fn status_patch(pod: &Pod, status: &PodStatus) -> serde_json::Value {
     let mut patch = serde_json::json!({ "status": status });
     // The address lists are merged by `ip` in a strategic merge patch: the
     // new list replaces the old one, or an address the pod no longer has
@@ -461,6 +453,13 @@ async fn write_status(
                 c.entry(field).or_insert(serde_json::Value::Null);
             }
         }
+        // The resize conditions are the kubelet's and come and go: one the
+        // status no longer has is deleted (merging would keep it).
+        for type_ in TRANSIENT_CONDITIONS {
+            if !cs.iter().any(|c| c["type"] == *type_) {
+                cs.push(serde_json::json!({"type": type_, "$patch": "delete"}));
+            }
+        }
     }
     if !is_static(pod)
         && let Some(uid) = &pod.metadata.uid
@@ -468,6 +467,25 @@ async fn write_status(
         // Never write onto a re-created pod of the same name.
         patch["metadata"] = serde_json::json!({ "uid": uid });
     }
+    patch
+}
+
+/// Writes a pod's status. `mirrored` remembers the static pods whose
+/// mirror pod exists, so it is created once, not on every status change.
+async fn write_status(
+    client: &Client,
+    node_name: &str,
+    pod: &Pod,
+    status: &PodStatus,
+    mirrored: &mut HashSet<String>,
+) -> Result<(), kube::Error> {
+    let (api, _, name) = pod_api(client, pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if is_static(pod) && !mirrored.contains(&uid) {
+        ensure_mirror(client, node_name, pod).await?;
+        mirrored.insert(uid.clone());
+    }
+    let patch = status_patch(pod, status);
     match api
         .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
@@ -557,5 +575,29 @@ mod tests {
         assert_eq!(Retry::of(&api_error(503)), Retry::Yes);
         let unreachable = kube::Error::Service("connection refused".into());
         assert_eq!(Retry::of(&unreachable), Retry::Yes);
+    }
+
+    #[test]
+    fn the_patch_replaces_addresses_clears_reasons_and_drops_resize_conditions() {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let status: PodStatus = serde_json::from_value(serde_json::json!({
+            "podIPs": [{"ip": "10.0.0.2"}],
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "PodResizeInProgress", "status": "True"},
+            ],
+        }))
+        .unwrap();
+        let p = status_patch(&pod, &status);
+        assert_eq!(p["metadata"]["uid"], "u1");
+        assert_eq!(p["status"]["podIPs"][0]["$patch"], "replace");
+        let cs = p["status"]["conditions"].as_array().unwrap();
+        assert_eq!(cs[0]["reason"], serde_json::Value::Null);
+        assert!(cs[0].as_object().unwrap().contains_key("reason"));
+        let deleted: Vec<&serde_json::Value> =
+            cs.iter().filter(|c| c["$patch"] == "delete").collect();
+        assert_eq!(deleted.len(), 1);
+        assert_eq!(deleted[0]["type"], "PodResizePending");
     }
 }

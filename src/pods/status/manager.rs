@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::fsutil::write_private_atomic;
-use crate::pods::status::api_writer::ApiWriter;
+use crate::pods::status::api_writer::{ApiWriter, TRANSIENT_CONDITIONS};
 
 /// How long a write may take to come back through the watch: the
 /// manager's reconcile period.
@@ -120,6 +120,11 @@ pub fn same_by_kubelet(ours: &PodStatus, theirs: &PodStatus) -> bool {
                     && text(&t.message) == text(&c.message)
             })
     });
+    // One of ours the API still has but we dropped.
+    let stale = theirs.conditions.iter().flatten().any(|t| {
+        TRANSIENT_CONDITIONS.contains(&t.type_.as_str())
+            && !ours.conditions.iter().flatten().any(|c| c.type_ == t.type_)
+    });
     let containers = |s: &PodStatus| -> Vec<(String, bool, Option<bool>, i32)> {
         [&s.init_container_statuses, &s.container_statuses]
             .into_iter()
@@ -130,6 +135,7 @@ pub fn same_by_kubelet(ours: &PodStatus, theirs: &PodStatus) -> bool {
     };
     text(&ours.phase) == text(&theirs.phase)
         && conditions_match
+        && !stale
         && containers(ours) == containers(theirs)
 }
 
@@ -533,5 +539,18 @@ mod tests {
         let mut restarted = in_api;
         restarted.container_statuses = Some(vec![Default::default()]);
         assert!(!same_by_kubelet(m.get("u1").unwrap(), &restarted));
+        let mut pending = m.get("u1").unwrap().clone();
+        pending
+            .conditions
+            .get_or_insert_with(Vec::new)
+            .push(PodCondition {
+                type_: "PodResizePending".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        assert!(
+            !same_by_kubelet(m.get("u1").unwrap(), &pending),
+            "a resize condition the API still shows"
+        );
     }
 }
