@@ -18,6 +18,10 @@ apiserver=https://127.0.0.1:${KINGLET_APISERVER_PORT:?}
 # timeouts as they are); its metrics and healthz ports on loopback ports of
 # their own; /lib/modules from a test dir when the host has none (this
 # machine's kernel has no modules directory; kube-proxy only reads it).
+# KUBE_PROXY_NODE: the one node it runs on (nodes sharing a host share its
+# network stack: one kube-proxy writes its tables).
+proxy_node=""
+[ -z "${KUBE_PROXY_NODE:-}" ] || proxy_node=", kubernetes.io/hostname: $KUBE_PROXY_NODE"
 modules=/lib/modules
 [ -d /lib/modules ] || modules=$work/lib-modules
 cat <<YAML
@@ -103,7 +107,7 @@ spec:
       - {name: xtables-lock, hostPath: {path: /run/xtables.lock, type: FileOrCreate}}
       - {name: lib-modules, hostPath: {path: $modules}}
       tolerations: [{operator: Exists}]
-      nodeSelector: {kubernetes.io/os: linux}
+      nodeSelector: {kubernetes.io/os: linux$proxy_node}
 ---
 YAML
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster's own add-ons on a kinglet node, end to end:
-#   tests/addons/run.sh [--runtime oci|cri] [--conformance FOCUS]
+#   tests/addons/run.sh [--runtime oci|cri] [--nodes 1|2] [--conformance FOCUS [--labels EXPR]
+#                       [--serial] [--timeout DURATION] [--out DIR]]
 # Builds kube-proxy and CoreDNS from their Go modules (build.sh, cached)
 # and metrics-server (tests/cluster), makes their images and serves them
 # from a private docker-registry, starts a control plane of its own whose
@@ -19,23 +20,39 @@
 # `kubectl top` answers. With --conformance, then runs the upstream specs
 # matching FOCUS against this node (those that need Services by name or
 # ClusterIP: kube-proxy and CoreDNS are there), JUnit and the table under
-# target/addons/. Prints a line per check and figures; exits non-zero
-# on the first check that fails. Leaves nothing running: the node's pods,
+# target/addons/ (or --out): two at a time, those of the ginkgo label
+# expression --labels (default: no [Disruptive], [Flaky], [Slow] or
+# feature-gated spec), then with --serial the [Serial] ones one at a time.
+# --nodes 2 joins a second kinglet node on a bridge and subnet of its own
+# (pods of the two reach each other through the host's routes, their
+# addresses unmasqueraded), for the specs that need two schedulable nodes
+# (tests/conformance/full.sh). Prints a line per check and figures; exits
+# non-zero on the first check that fails. Leaves nothing running: the node's pods,
 # the control plane, the registry, the bridge, and kube-proxy's rules in
 # the host's tables (kube-proxy --cleanup).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runtime=oci focus=""
+runtime=oci focus="" nodes=1 labels="" serial=no timeout=60m out=target/addons
+usage="usage: run.sh [--runtime oci|cri] [--nodes 1|2] [--conformance FOCUS [--labels EXPR] [--serial] [--timeout DURATION] [--out DIR]]"
 while [ $# -gt 0 ]; do
   case $1 in
     --runtime) runtime=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
     --conformance) focus=$2; shift 2 ;;
-    *) echo "usage: run.sh [--runtime oci|cri] [--conformance FOCUS]" >&2; exit 2 ;;
+    --labels) labels=$2; shift 2 ;;
+    --serial) serial=yes; shift ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 case $runtime in
   oci | cri) ;;
   *) echo "run.sh: --runtime $runtime: oci or cri" >&2; exit 2 ;;
+esac
+case $nodes in
+  1 | 2) ;;
+  *) echo "run.sh: --nodes $nodes: 1 or 2" >&2; exit 2 ;;
 esac
 # shellcheck source=../bench/lib.sh
 . tests/bench/lib.sh
@@ -50,26 +67,31 @@ export KINGLET_ETCD_PORT=15379 KINGLET_ETCD_PEER_PORT=15380 KINGLET_APISERVER_PO
 export KINGLET_KCM_PORT=23257 KINGLET_SCHEDULER_PORT=23259
 export KINGLET_SERVICE_CIDR=10.0.1.0/24 KINGLET_METRICS_SERVER=none
 bridge=kad0 subnet=10.244.79.0/24 gateway=10.244.79.1 dns_ip=10.0.1.10
+# The second node's pods: a bridge and /24 of their own.
+bridge2=kad1 subnet2=10.244.80.0/24 gateway2=10.244.80.1
 export KINGLET_APISERVER_ADVERTISE=$gateway
 kinglet=${KINGLET_BIN:-target/debug/kinglet}
 [ -x "$kinglet" ] || cargo build --locked --bin kinglet >&2
-out=target/addons
 mkdir -p "$out"
 
 addons=$(tests/addons/build.sh | tail -n1)
 metrics_server=$(tests/cluster/build-metrics-server.sh | tail -n1)
 work=$(mktemp -d /tmp/kinglet-addons.XXXXXX)
-reg_pid="" agent_pid="" lock_made=""
+reg_pid="" agent_pid="" agents=() lock_made=""
 cleanup() {
   set +e
-  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
-  release_oci_root "$work/root"
-  [ "$runtime" = cri ] && tests/cluster/containerd-down.sh "$work/containerd" >/dev/null 2>&1
+  local a w
+  for a in "${agents[@]}"; do kill "$a" 2>/dev/null && wait "$a" 2>/dev/null; done
+  for w in "$work" "$work/b"; do
+    [ -d "$w/root" ] && release_oci_root "$w/root"
+    [ "$runtime" = cri ] && [ -d "$w/containerd" ] && tests/cluster/containerd-down.sh "$w/containerd" >/dev/null 2>&1
+  done
   # What kube-proxy wrote into the host's tables goes with it.
   "$addons/kube-proxy" --cleanup >/dev/null 2>&1
   [ -n "$lock_made" ] && rm -f /run/xtables.lock
   [ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
   ip link del "$bridge" 2>/dev/null
+  ip link del "$bridge2" 2>/dev/null
   tests/cluster/down.sh >/dev/null 2>&1
   rm -rf "$work" "$KINGLET_CLUSTER_DIR"
 }
@@ -105,10 +127,14 @@ until_ok() {
 
 # The pods' bridge first, with the gateway address the apiserver
 # advertises (the CNI bridge plugin takes the bridge as it finds it).
-ip link del "$bridge" 2>/dev/null || true
-ip link add "$bridge" type bridge
-ip addr add "$gateway/24" dev "$bridge"
-ip link set "$bridge" up
+make_bridge() {
+  ip link del "$1" 2>/dev/null || true
+  ip link add "$1" type bridge
+  ip addr add "$2/24" dev "$1"
+  ip link set "$1" up
+}
+make_bridge "$bridge" "$gateway"
+[ "$nodes" = 1 ] || make_bridge "$bridge2" "$gateway2"
 serve_registry "$work/registry"
 tests/addons/images.sh "$addons" "$metrics_server" "$reg"
 
@@ -116,21 +142,38 @@ tests/cluster/down.sh >/dev/null 2>&1 || true
 rm -rf "$KINGLET_CLUSTER_DIR"
 admin=$(tests/cluster/up.sh | tail -n1)
 k() { kubectl --kubeconfig "$admin" "$@"; }
-node=kinglet-addons
-mkdir -p "$work/net.d" "$work/lib-modules"
-cat > "$work/net.d/10-kinglet.conflist" <<JSON
-{"cniVersion": "1.0.0", "name": "kinglet-addons", "plugins": [
-  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "isDefaultGateway": true, "ipMasq": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$subnet"}]], "dataDir": "$work/ipam"}},
+node=kinglet-addons node2=kinglet-addons-b
+# Two nodes' pods reach each other through the host's routes with their
+# own addresses (as a cluster network does): no masquerade between them.
+masq=true pod_cidr=$subnet
+[ "$nodes" = 1 ] || masq=false pod_cidr=10.244.0.0/16
+# join WORK NODE BRIDGE SUBNET GATEWAY LOG: a kinglet node on its own
+# bridge, dirs and cgroup root (two on one host must not count each
+# other's pods); appends its pid to agents.
+join() {
+  local w=$1 n=$2 br=$3 sn=$4 gw=$5 log=$6
+  mkdir -p "$w/net.d" "$w/lib-modules"
+  cat > "$w/net.d/10-kinglet.conflist" <<JSON
+{"cniVersion": "1.0.0", "name": "$n", "plugins": [
+  {"type": "bridge", "bridge": "$br", "isGateway": true, "isDefaultGateway": true, "ipMasq": $masq,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$sn"}]], "dataDir": "$w/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 JSON
-start_kinglet_node "$kinglet" "$work" "$node" "$gateway" "$runtime" "$reg" "$admin" "$out/kinglet.log" \
-  "clusterDNS: [$dns_ip]
-clusterDomain: cluster.local" || fail "node $node Ready"
-echo "addons: ok node $node Ready"
+  start_kinglet_node "$kinglet" "$w" "$n" "$gw" "$runtime" "$reg" "$admin" "$log" \
+    "clusterDNS: [$dns_ip]
+clusterDomain: cluster.local
+cgroupRoot: /$n" || fail "node $n Ready"
+  agents+=("$agent_pid")
+  echo "addons: ok node $n Ready"
+}
+join "$work" "$node" "$bridge" "$subnet" "$gateway" "$out/kinglet.log"
+first_agent=$agent_pid
+[ "$nodes" = 1 ] || join "$work/b" "$node2" "$bridge2" "$subnet2" "$gateway2" "$out/kinglet-b.log"
+agent_pid=$first_agent
 
 deploy_start=$(date +%s)
-tests/addons/manifests.sh "$reg" "$addons" "$metrics_server" "$work" "$subnet" "$dns_ip" |
+# One kube-proxy for the host's one network stack, on the first node.
+KUBE_PROXY_NODE=$node tests/addons/manifests.sh "$reg" "$addons" "$metrics_server" "$work" "$pod_cidr" "$dns_ip" |
   k apply -f - >/dev/null
 k apply -k "$work/metrics-server" >/dev/null
 
@@ -190,11 +233,21 @@ if [ -n "$focus" ]; then
   repo_list "$reg" > "$work/repo-list.yaml"
   t0=$(date +%s)
   rm -f "$out"/junit*.xml
-  "$bin/ginkgo" --procs=2 --timeout=60m --no-color --output-dir="$out" --junit-report=junit.xml \
-    "$bin/e2e.test" -- --kubeconfig="$admin" --provider=local \
-    --kube-test-repo-list="$work/repo-list.yaml" --report-dir="$out" \
-    --ginkgo.focus="$focus" --ginkgo.label-filter="$CONFORMANCE_SELECTION" --ginkgo.no-color \
-    >"$out/e2e.log" 2>&1 || true
+  selection=${labels:-$CONFORMANCE_SELECTION}
+  # suite LABELS PROCS REPORT LOG: one ginkgo run of the specs with LABELS.
+  suite() {
+    "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
+      "$bin/e2e.test" -- --kubeconfig="$admin" --provider=local \
+      --kube-test-repo-list="$work/repo-list.yaml" --report-dir="$out" \
+      --ginkgo.focus="$focus" --ginkgo.label-filter="$1" --ginkgo.no-color \
+      --ginkgo.timeout="$timeout" >"$out/$4" 2>&1 || true
+  }
+  if [ "$serial" = yes ]; then
+    suite "($selection) && !Serial" 2 junit.xml e2e.log
+    suite "($selection) && Serial" 1 junit-serial.xml e2e-serial.log
+  else
+    suite "$selection" 2 junit.xml e2e.log
+  fi
   python3 tests/conformance/report.py "$out" "$(( $(date +%s) - t0 ))" "$runtime"
   head -n1 "$out/table.txt" | grep -q ' 0 failed' || fail "upstream specs failed (see $out/e2e.log)"
 fi
