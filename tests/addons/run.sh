@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cluster's own add-ons on a kinglet node, end to end:
 #   tests/addons/run.sh [--runtime oci|cri] [--nodes 1|2] [--conformance FOCUS [--labels EXPR]
-#                       [--serial] [--timeout DURATION] [--out DIR]]
+#                       [--serial] [--timeout DURATION] [--out DIR] [--procs N]]
 # Builds kube-proxy and CoreDNS from their Go modules (build.sh, cached)
 # and metrics-server (tests/cluster), makes their images and serves them
 # from a private docker-registry, starts a control plane of its own whose
@@ -20,7 +20,7 @@
 # `kubectl top` answers. With --conformance, then runs the upstream specs
 # matching FOCUS against this node (those that need Services by name or
 # ClusterIP: kube-proxy and CoreDNS are there), JUnit and the table under
-# target/addons/ (or --out): two at a time, those of the ginkgo label
+# target/addons/ (or --out): two at a time (--procs), those of the ginkgo label
 # expression --labels (default: no [Disruptive], [Flaky], [Slow] or
 # feature-gated spec), then with --serial the [Serial] ones one at a time.
 # --nodes 2 joins a second kinglet node on a bridge and subnet of its own
@@ -32,8 +32,8 @@
 # the host's tables (kube-proxy --cleanup).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runtime=oci focus="" nodes=1 labels="" serial=no timeout=60m out=target/addons
-usage="usage: run.sh [--runtime oci|cri] [--nodes 1|2] [--conformance FOCUS [--labels EXPR] [--serial] [--timeout DURATION] [--out DIR]]"
+runtime=oci focus="" nodes=1 labels="" serial=no timeout=60m out=target/addons procs=2
+usage="usage: run.sh [--runtime oci|cri] [--nodes 1|2] [--conformance FOCUS [--labels EXPR] [--serial] [--timeout DURATION] [--out DIR] [--procs N]]"
 while [ $# -gt 0 ]; do
   case $1 in
     --runtime) runtime=$2; shift 2 ;;
@@ -43,6 +43,7 @@ while [ $# -gt 0 ]; do
     --serial) serial=yes; shift ;;
     --timeout) timeout=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --procs) procs=$2; shift 2 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -243,10 +244,10 @@ if [ -n "$focus" ]; then
       --ginkgo.timeout="$timeout" >"$out/$4" 2>&1 || true
   }
   if [ "$serial" = yes ]; then
-    suite "($selection) && !Serial" 2 junit.xml e2e.log
+    suite "($selection) && !Serial" "$procs" junit.xml e2e.log
     suite "($selection) && Serial" 1 junit-serial.xml e2e-serial.log
   else
-    suite "$selection" 2 junit.xml e2e.log
+    suite "$selection" "$procs" junit.xml e2e.log
   fi
   python3 tests/conformance/report.py "$out" "$(( $(date +%s) - t0 ))" "$runtime"
   head -n1 "$out/table.txt" | grep -q ' 0 failed' || fail "upstream specs failed (see $out/e2e.log)"

@@ -6,7 +6,8 @@
 #   tests/conformance/full.sh [--runtime oci|cri] [--focus REGEX] [--timeout 4h] [--no-serial]
 # The add-ons test's cluster (tests/addons/run.sh --nodes 2: its own
 # control plane, registry, bridges, checks) then every [Conformance] spec
-# (or those of them matching --focus): two at a time, then the [Serial]
+# (or those of them matching --focus): six at a time (most of a spec's
+# time is waiting: the machine's two cores stay mostly idle), then the [Serial]
 # ones one at a time (--no-serial: not those). --timeout bounds each pass. JUnit, the logs and the table (selected, passed,
 # failed, each failure's first line) under target/conformance-full/<runtime>/.
 # Takes hours on two cores; CI runs the subset (ci.sh) instead.
@@ -25,4 +26,4 @@ done
 export KINGLET_BIN=${KINGLET_BIN:-target/release/kinglet}
 [ -x "$KINGLET_BIN" ] || cargo build --release --locked --bin kinglet >&2
 exec tests/addons/run.sh --runtime "$runtime" --nodes 2 --conformance "$focus" \
-  --labels Conformance ${serial:+"$serial"} --timeout "$timeout" --out "target/conformance-full/$runtime"
+  --labels Conformance --procs 6 ${serial:+"$serial"} --timeout "$timeout" --out "target/conformance-full/$runtime"
