@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tests/apt-need.sh openssl curl file patch qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils \
+tests/apt-need.sh openssl curl file patch qemu-user-static iproute2 iptables kmod procps docker-registry skopeo umoci busybox-static bash-static netcat-openbsd apache2-utils bind9-dnsutils \
   containerd runc containernetworking-plugins debootstrap libfaketime prometheus
 # A gate's DROP rule a killed test left behind (tests/common/gate.rs).
 while iptables -w -S INPUT 2>/dev/null | grep -q kinglet-test-gate; do

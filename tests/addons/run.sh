@@ -237,7 +237,8 @@ if [ -n "$focus" ]; then
   selection=${labels:-$CONFORMANCE_SELECTION}
   # suite LABELS PROCS REPORT LOG: one ginkgo run of the specs with LABELS.
   suite() {
-    "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
+    KUBE_TEST_REPO_LIST=$work/repo-list.yaml \
+      "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
       "$bin/e2e.test" -- --kubeconfig="$admin" --provider=local \
       --kube-test-repo-list="$work/repo-list.yaml" --report-dir="$out" \
       --ginkgo.focus="$focus" --ginkgo.label-filter="$1" --ginkgo.no-color \

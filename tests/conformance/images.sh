@@ -3,8 +3,8 @@
 # them to the registry at REGISTRY (a local docker-registry), under the
 # names e2e.test expects through its KUBE_TEST_REPO_LIST (see run.sh):
 #   images.sh BIN_DIR REGISTRY        (BIN_DIR: what build.sh printed)
-# Built from Debian's busybox-static (with bash-static, curl and
-# netcat-openbsd for agnhost, which the network helpers call) and the Go
+# Built from Debian's busybox-static (with bash-static, curl, netcat-openbsd
+# and dig for agnhost, which the network and DNS helpers call) and the Go
 # binaries build.sh made. Images whose upstream source cannot be built here
 # are listed by run.sh as such.
 set -euo pipefail
@@ -45,8 +45,11 @@ fill_agnhost() {
   bash_as_sh "$1"
   [ -x /usr/bin/curl ] && with_libs "$1" /usr/bin/curl /usr/bin/curl
   [ -x /bin/nc.openbsd ] && with_libs "$1" /bin/nc.openbsd /usr/bin/nc
-  return 0
+  with_dig "$1"
 }
+# dig, which the DNS specs' queriers run in agnhost (upstream's has
+# alpine's bind-tools) and glibc-dns-testing (Debian's dnsutils).
+with_dig() { with_libs "$1" /usr/bin/dig /usr/bin/dig; }
 fill_pause() {
   rootfs "$1"
   printf '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait; done\n' > "$1/pause"
@@ -70,7 +73,19 @@ fill_glibc_dns() {
   rootfs "$1"
   rm -f "$1/bin/hostname"
   with_libs "$1" /bin/hostname /bin/hostname
+  with_dig "$1"
 }
+
+# kitten and nautilus (the Update Demo specs): agnhost's test-webserver
+# serving a data.json that names the image's picture, as upstream's.
+fill_picture() {
+  local name=$1 root=$2
+  fill_agnhost "$root"
+  printf '{\n  "image": "%s.jpg"\n}\n' "$name" > "$root/data.json"
+  cp "$agnhost_src/../$name/html/$name.jpg" "$root/$name.jpg"
+}
+fill_kitten() { fill_picture kitten "$1"; }
+fill_nautilus() { fill_picture nautilus "$1"; }
 
 agnhost=$(cat "$bin/agnhost.version")
 image "e2e-test-images/agnhost:$agnhost" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
@@ -80,3 +95,5 @@ image "pause:3.10.2" fill_pause --config.entrypoint /pause
 image "e2e-test-images/nonroot:1.5" fill_nonroot --config.user 1234 --config.cmd sh
 image "e2e-test-images/nonewprivs:1.4" fill_nonewprivs --config.user 1234 --config.cmd nnp
 image "e2e-test-images/glibc-dns-testing:2.1.1" fill_glibc_dns --config.cmd sh
+image "e2e-test-images/kitten:1.8" fill_kitten --config.entrypoint /agnhost --config.cmd test-webserver
+image "e2e-test-images/nautilus:1.8" fill_nautilus --config.entrypoint /agnhost --config.cmd test-webserver

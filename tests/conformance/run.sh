@@ -102,7 +102,10 @@ suite() {
     --ginkgo.no-color)
   [ -n "$focus" ] && args+=(--ginkgo.focus="$focus")
   [ -n "$skip" ] && args+=(--ginkgo.skip="$skip")
-  "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
+  # The repo list in the environment too: packages that compute image
+  # names at init (the kubectl specs' manifests) read it before the flag.
+  KUBE_TEST_REPO_LIST=$work/repo-list.yaml \
+    "$bin/ginkgo" --procs="$2" --timeout="$timeout" --no-color --output-dir="$out" --junit-report="$3" \
     "$bin/e2e.test" -- "${args[@]}" >"$out/$4" 2>&1
 }
 set +e

@@ -16,7 +16,7 @@ cf_bin=$(tests/conformance/build.sh | tail -n1)
 tests/conformance/images.sh "$cf_bin" "$REGISTRY" >&2
 repo_list "$REGISTRY" >"$VM_WORK/repo-list.yaml"
 set +e
-"$cf_bin/ginkgo" --procs=1 --timeout=60m --no-color --output-dir="$cf_out" --junit-report=junit.xml \
+KUBE_TEST_REPO_LIST=$VM_WORK/repo-list.yaml "$cf_bin/ginkgo" --procs=1 --timeout=60m --no-color --output-dir="$cf_out" --junit-report=junit.xml \
   "$cf_bin/e2e.test" -- --kubeconfig="$KUBECONFIG" --provider=local \
   --kube-test-repo-list="$VM_WORK/repo-list.yaml" --report-dir="$cf_out" --ginkgo.timeout=60m \
   --ginkgo.label-filter="NodeConformance && $CONFORMANCE_SELECTION" --ginkgo.focus="$(ci_focus)" \
