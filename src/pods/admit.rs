@@ -1,8 +1,8 @@
 //! Pod admission, as upstream's admit handlers decide it before a pod
 //! starts: the node's labels must satisfy the pod's nodeSelector and
 //! required node affinity, and the pod's requests must fit what is
-//! allocatable next to the pods already admitted, and the node must not be
-//! under a pressure that refuses it. A rejected pod fails
+//! allocatable next to the pods already admitted, their host ports must be
+//! free, and the node must not be under a pressure that refuses it. A rejected pod fails
 //! with upstream's reason and message and never starts.
 
 use std::collections::BTreeMap;
@@ -190,6 +190,60 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
     resources_fit(pod, admitted, node).map_err(|s| Rejection {
         reason: format!("OutOf{}", s.resource),
         message: format!("Pod was rejected: {s}"),
+    })?;
+    if !ports_fit(pod, admitted) {
+        return Err(Rejection {
+            reason: "NodePorts".into(),
+            message: "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A pod's host ports as upstream's `GetHostPorts`: those of its
+/// containers and sidecars (init containers that run all along), as (IP,
+/// protocol, port) with upstream's defaults `0.0.0.0` and `TCP`.
+fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
+    let Some(spec) = &pod.spec else {
+        return Vec::new();
+    };
+    let sidecars = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+    spec.containers
+        .iter()
+        .chain(sidecars)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let port = p.host_port.filter(|&h| h > 0)?;
+            let ip = p.host_ip.clone().filter(|i| !i.is_empty());
+            let protocol = p.protocol.clone().filter(|p| !p.is_empty());
+            Some((
+                ip.unwrap_or_else(|| ANY_IP.into()),
+                protocol.unwrap_or_else(|| "TCP".into()),
+                port,
+            ))
+        })
+        .collect()
+}
+
+const ANY_IP: &str = "0.0.0.0";
+
+/// Upstream's `NodePorts` predicate: no host port of `pod` is taken by an
+/// admitted pod (the same protocol and port on the same IP, or on any IP
+/// when either side binds `0.0.0.0`).
+fn ports_fit(pod: &Pod, admitted: &[&Pod]) -> bool {
+    let wanted = host_ports(pod);
+    if wanted.is_empty() {
+        return true;
+    }
+    let used: Vec<(String, String, i32)> = admitted.iter().flat_map(|p| host_ports(p)).collect();
+    !wanted.iter().any(|(ip, proto, port)| {
+        used.iter().any(|(uip, uproto, uport)| {
+            uproto == proto && uport == port && (ip == ANY_IP || uip == ANY_IP || uip == ip)
+        })
     })
 }
 
@@ -332,6 +386,44 @@ mod tests {
             "metadata: {name: i}\nspec: {initContainers: [{name: x, image: i, resources: {requests: {cpu: '3'}}}], containers: [{name: c, image: i}]}",
         );
         assert_eq!(pod_requests(&init).0, 3000);
+    }
+
+    #[test]
+    fn a_host_port_taken_by_an_admitted_pod_is_refused_as_upstream() {
+        let with_port = |ip: &str, proto: &str| {
+            pod(&format!(
+                "spec: {{containers: [{{name: c, ports: [{{containerPort: 80, hostPort: 8080, hostIP: '{ip}', protocol: '{proto}'}}]}}]}}"
+            ))
+        };
+        let n = node();
+        let any = with_port("", "");
+        let err = admit(&with_port("10.0.0.1", "TCP"), &[&any], &n).unwrap_err();
+        assert_eq!(err.reason, "NodePorts");
+        assert_eq!(
+            err.message,
+            "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
+        );
+        assert!(
+            admit(&with_port("", "UDP"), &[&any], &n).is_ok(),
+            "another protocol"
+        );
+        let one = with_port("10.0.0.1", "TCP");
+        assert!(
+            admit(&with_port("10.0.0.2", "TCP"), &[&one], &n).is_ok(),
+            "another IP"
+        );
+        assert!(admit(&any, &[&one], &n).is_err(), "0.0.0.0 takes every IP");
+        let sidecar = pod(
+            "spec: {containers: [{name: c}], initContainers: [{name: s, restartPolicy: Always, ports: [{containerPort: 1, hostPort: 8080}]}]}",
+        );
+        assert!(admit(&any, &[&sidecar], &n).is_err(), "a sidecar's port");
+        let init = pod(
+            "spec: {containers: [{name: c}], initContainers: [{name: i, ports: [{containerPort: 1, hostPort: 8080}]}]}",
+        );
+        assert!(
+            admit(&any, &[&init], &n).is_ok(),
+            "an init container's is not held"
+        );
     }
 
     #[test]
