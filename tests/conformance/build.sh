@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the upstream node-conformance binaries at the release of the test
 # control plane (tests/cluster/go.mod): e2e.test, the ginkgo CLI at the
-# version k8s.io/kubernetes pins, agnhost and nnp (the nonewprivs image's
-# program). Cached outside the repo like the control plane:
+# version k8s.io/kubernetes pins, agnhost, nnp (the nonewprivs image's
+# program) and sample-apiserver. Cached outside the repo like the control plane:
 #   ${KINGLET_CACHE_DIR:-/var/cache/kinglet}/conformance-<version>-<key>/
 # Prints that directory last. Builds in a copy of go.mod/go.sum, so the
 # repo's files and the control plane's cache key stay untouched.
@@ -14,14 +14,25 @@ version=$(awk '/^require k8s.io\/kubernetes/ {print $3}' go.mod)
 agnhost_version=$(cat "$(go env GOMODCACHE)/k8s.io/kubernetes@$version/test/images/agnhost/VERSION" 2>/dev/null || echo 2.66.1)
 key=$( (cat go.mod go.sum; echo "conformance $recipe") | sha256sum | cut -c1-16)
 out=${KINGLET_CACHE_DIR:-/var/cache/kinglet}/conformance-$version-$key
-if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -x "$out/nnp" ]; then
-  echo "$out"
-  exit 0
-fi
 mkdir -p "$out"
 tmp=$(mktemp -d "$out/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cp go.mod go.sum "$tmp/"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod
+# The aggregator spec's extension apiserver (its own module, at the same
+# release; added to the cache dir on its own, so an older cache keeps its
+# e2e.test).
+if [ ! -x "$out/sample-apiserver" ]; then
+  echo "conformance: building sample-apiserver ${version/v1/v0}" >&2
+  (cd "$tmp" && go get "k8s.io/sample-apiserver@${version/v1/v0}" >&2 &&
+    nice go build -trimpath -ldflags "-s -w" -o "$tmp/sample-apiserver" k8s.io/sample-apiserver)
+  mv "$tmp/sample-apiserver" "$out/sample-apiserver"
+  cp go.mod go.sum "$tmp/"
+fi
+if [ -x "$out/e2e.test" ] && [ -x "$out/ginkgo" ] && [ -x "$out/agnhost" ] && [ -x "$out/nnp" ]; then
+  echo "$out"
+  exit 0
+fi
 cat > "$tmp/tools.go" <<'GO'
 //go:build tools
 
@@ -34,7 +45,6 @@ import (
 	_ "k8s.io/kubernetes/test/images/nonewprivs"
 )
 GO
-export CGO_ENABLED=0 GOFLAGS=-mod=mod
 cd "$tmp"
 # shellcheck source=../cluster/lib.sh
 . "$cluster_dir/lib.sh"

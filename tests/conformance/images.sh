@@ -87,6 +87,17 @@ fill_picture() {
 fill_kitten() { fill_picture kitten "$1"; }
 fill_nautilus() { fill_picture nautilus "$1"; }
 
+# The aggregator spec's extension apiserver and its etcd (the control
+# plane's own etcd build, where upstream's image has /usr/local/bin/etcd).
+fill_sample_apiserver() {
+  rootfs "$1"
+  cp "$bin/sample-apiserver" "$1/kube-sample-apiserver"
+}
+fill_etcd() {
+  rootfs "$1"
+  cp "$("$(dirname "$0")/../cluster/build.sh" | tail -n1)/etcd" "$1/usr/local/bin/etcd"
+}
+
 agnhost=$(cat "$bin/agnhost.version")
 image "e2e-test-images/agnhost:$agnhost" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
 image "e2e-test-images/agnhost:2.55" fill_agnhost --config.entrypoint /agnhost --config.cmd pause
@@ -97,3 +108,5 @@ image "e2e-test-images/nonewprivs:1.4" fill_nonewprivs --config.user 1234 --conf
 image "e2e-test-images/glibc-dns-testing:2.1.1" fill_glibc_dns --config.cmd sh
 image "e2e-test-images/kitten:1.8" fill_kitten --config.entrypoint /agnhost --config.cmd test-webserver
 image "e2e-test-images/nautilus:1.8" fill_nautilus --config.entrypoint /agnhost --config.cmd test-webserver
+image "e2e-test-images/sample-apiserver:1.29.2" fill_sample_apiserver --config.entrypoint /kube-sample-apiserver
+image "etcd:3.7.0-0" fill_etcd --config.cmd /usr/local/bin/etcd
