@@ -13,17 +13,17 @@
 # Takes hours on two cores; CI runs the subset (ci.sh) instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-runtime=oci focus='\[Conformance\]' timeout=4h serial=--serial
+runtime=oci focus='\[Conformance\]' timeout=4h serial=--serial labels=Conformance
 while [ $# -gt 0 ]; do
   case $1 in
     --runtime) runtime=$2; shift 2 ;;
     --focus) focus="\\[Conformance\\].*($2)|($2).*\\[Conformance\\]"; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
-    --no-serial) serial=""; shift ;;
+    --no-serial) serial="" labels='Conformance && !Serial'; shift ;;
     *) echo "usage: full.sh [--runtime oci|cri] [--focus REGEX] [--timeout DURATION] [--no-serial]" >&2; exit 2 ;;
   esac
 done
 export KINGLET_BIN=${KINGLET_BIN:-target/release/kinglet}
 [ -x "$KINGLET_BIN" ] || cargo build --release --locked --bin kinglet >&2
 exec tests/addons/run.sh --runtime "$runtime" --nodes 2 --conformance "$focus" \
-  --labels Conformance --procs 6 ${serial:+"$serial"} --timeout "$timeout" --out "target/conformance-full/$runtime"
+  --labels "$labels" --procs 6 ${serial:+"$serial"} --timeout "$timeout" --out "target/conformance-full/$runtime"
