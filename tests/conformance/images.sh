@@ -48,8 +48,13 @@ fill_agnhost() {
   with_dig "$1"
 }
 # dig, which the DNS specs' queriers run in agnhost (upstream's has
-# alpine's bind-tools) and glibc-dns-testing (Debian's dnsutils).
-with_dig() { with_libs "$1" /usr/bin/dig /usr/bin/dig; }
+# alpine's bind-tools) and glibc-dns-testing (Debian's dnsutils), and
+# getent, which they run for the hosts lookups (alpine's musl-utils in
+# upstream's agnhost).
+with_dig() {
+  with_libs "$1" /usr/bin/dig /usr/bin/dig
+  with_libs "$1" /usr/bin/getent /usr/bin/getent
+}
 fill_pause() {
   rootfs "$1"
   printf '#!/bin/sh\ntrap "exit 0" TERM INT\nwhile :; do sleep 3600 & wait; done\n' > "$1/pause"
@@ -87,6 +92,16 @@ fill_picture() {
 fill_kitten() { fill_picture kitten "$1"; }
 fill_nautilus() { fill_picture nautilus "$1"; }
 
+# nginx (the ReplicationController, Pods and EndpointSlice specs run it as
+# a web server on port 80): a stand-in, busybox's httpd serving nginx's
+# welcome page; no nginx can be built here offline.
+fill_nginx() {
+  rootfs "$1"
+  mkdir -p "$1/usr/share/nginx/html"
+  printf '<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head><body><h1>Welcome to nginx!</h1></body></html>\n' \
+    > "$1/usr/share/nginx/html/index.html"
+}
+
 # The aggregator spec's extension apiserver and its etcd (the control
 # plane's own etcd build, where upstream's image has /usr/local/bin/etcd).
 fill_sample_apiserver() {
@@ -108,5 +123,9 @@ image "e2e-test-images/nonewprivs:1.4" fill_nonewprivs --config.user 1234 --conf
 image "e2e-test-images/glibc-dns-testing:2.1.1" fill_glibc_dns --config.cmd sh
 image "e2e-test-images/kitten:1.8" fill_kitten --config.entrypoint /agnhost --config.cmd test-webserver
 image "e2e-test-images/nautilus:1.8" fill_nautilus --config.entrypoint /agnhost --config.cmd test-webserver
+for v in 1.27.0-2 1.28.0-2; do
+  image "e2e-test-images/nginx:$v" fill_nginx --config.cmd httpd --config.cmd -f --config.cmd -p --config.cmd 80 \
+    --config.cmd -h --config.cmd /usr/share/nginx/html --config.exposedports 80/tcp
+done
 image "e2e-test-images/sample-apiserver:1.29.2" fill_sample_apiserver --config.entrypoint /kube-sample-apiserver
 image "etcd:3.7.0-0" fill_etcd --config.cmd /usr/local/bin/etcd
