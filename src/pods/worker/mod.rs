@@ -949,21 +949,11 @@ impl Worker {
         self.ensure_image_volumes(pod, c).await?;
         if let Err(e) = crate::pods::kuberuntime::container::verify_run_as_non_root(pod, c, &image)
         {
-            return Err(self
-                .failed(pod, WaitingReason::CreateContainerConfigError, e.0)
-                .await);
+            return Err(self.config_error(pod, e.0).await);
         }
         let cfg = match self.container_config(pod, c, attempt).await {
             Ok(cfg) => cfg,
-            Err(e) => {
-                return Err(self
-                    .failed(
-                        pod,
-                        WaitingReason::CreateContainerConfigError,
-                        e.to_string(),
-                    )
-                    .await);
-            }
+            Err(e) => return Err(self.config_error(pod, e.to_string()).await),
         };
         let id = match self.runtime.create_container(sandbox_id, &cfg, sb).await {
             Ok(id) => id,
@@ -1157,13 +1147,7 @@ impl Worker {
             return Ok(());
         }
         if let Err(e) = self.runtime.image_mounts().await {
-            return Err(self
-                .failed(
-                    pod,
-                    WaitingReason::CreateContainerConfigError,
-                    e.to_string(),
-                )
-                .await);
+            return Err(self.config_error(pod, e.to_string()).await);
         }
         for v in mounted {
             let src = v.image.as_ref().cloned().unwrap_or_default();
@@ -1179,6 +1163,12 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// [`Self::failed`] with `CreateContainerConfigError`.
+    async fn config_error(&self, pod: &Pod, message: String) -> (WaitingReason, String, bool) {
+        self.failed(pod, WaitingReason::CreateContainerConfigError, message)
+            .await
     }
 
     async fn failed(
