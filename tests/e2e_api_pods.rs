@@ -333,7 +333,7 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
     assert_eq!(st.phase.as_deref(), Some("Failed"));
     assert_eq!(
         st.message.as_deref(),
-        Some("forbidden sysctl: \"kernel.msgmax\" not allowlisted")
+        Some("Pod was rejected: forbidden sysctl: \"kernel.msgmax\" not allowlisted")
     );
     let p: Pod = from_yaml(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-safe}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  securityContext: {{sysctls: [{{name: kernel.shm_rmid_forced, value: '1'}}]}}\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'cat /proc/sys/kernel/shm_rmid_forced; sleep 1000']}}\n"
@@ -374,7 +374,7 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
     assert_eq!(st.phase.as_deref(), Some("Failed"));
     assert_eq!(
         st.message.as_deref(),
-        Some("spec.containers: Too many: 101: must have at most 100 items")
+        Some("Pod was rejected: spec.containers: Too many: 101: must have at most 100 items")
     );
     assert!(
         st.container_statuses

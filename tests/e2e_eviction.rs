@@ -357,7 +357,7 @@ async fn memory_pressure_evicts_the_hog_and_spares_the_rest(rt: Rt) {
     assert_eq!(s.reason.as_deref(), Some("Evicted"));
     assert_eq!(
         s.message.as_deref(),
-        Some("The node had condition: [MemoryPressure]. ")
+        Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
     );
     let _ = n;
     wait_for(

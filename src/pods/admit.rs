@@ -169,14 +169,8 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
         message: e.to_string(),
     })?;
     os_ok(pod)?;
-    if !affinity_ok(pod, &node.labels.0.borrow()) {
-        return Err(Rejection {
-            reason: "NodeAffinity".into(),
-            message:
-                "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
-                    .into(),
-        });
-    }
+    // Then upstream's GeneralPredicates, whose first failure is told:
+    // resources, node affinity, host ports.
     if admitted.len() + 1 > node.pods {
         return Err(Rejection {
             reason: "OutOfpods".into(),
@@ -189,8 +183,16 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
     }
     resources_fit(pod, admitted, node).map_err(|s| Rejection {
         reason: format!("OutOf{}", s.resource),
-        message: format!("Pod was rejected: {s}"),
+        message: s.to_string(),
     })?;
+    if !affinity_ok(pod, &node.labels.0.borrow()) {
+        return Err(Rejection {
+            reason: "NodeAffinity".into(),
+            message:
+                "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+                    .into(),
+        });
+    }
     if !ports_fit(pod, admitted) {
         return Err(Rejection {
             reason: "NodePorts".into(),
@@ -293,12 +295,14 @@ pub fn resources_fit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result
     Ok(())
 }
 
-/// The status of a rejected pod.
-pub fn rejected_status(r: &Rejection) -> PodStatus {
+/// The status of a rejected pod, as upstream's `rejectPod` writes it: the
+/// event tells the message, the status prefixes it; the QoS class stays.
+pub fn rejected_status(pod: &Pod, r: &Rejection) -> PodStatus {
     PodStatus {
         phase: Some("Failed".into()),
         reason: Some(r.reason.clone()),
-        message: Some(r.message.clone()),
+        message: Some(format!("Pod was rejected: {}", r.message)),
+        qos_class: Some(crate::cm::qos::qos_class(pod).into()),
         start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             jiff::Timestamp::now(),
         )),
@@ -365,7 +369,23 @@ mod tests {
         assert_eq!(e.reason, "OutOfcpu");
         assert_eq!(
             e.message,
-            "Pod was rejected: Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000"
+            "Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000"
+        );
+        let st = rejected_status(&small, &e);
+        assert_eq!(
+            st.message.as_deref(),
+            Some(
+                "Pod was rejected: Node didn't have enough resource: cpu, requested: 600, used: 1500, capacity: 2000"
+            )
+        );
+        assert_eq!(st.qos_class.as_deref(), Some("Burstable"));
+        let unlabelled = pod(
+            "metadata: {name: u}\nspec: {nodeSelector: {disk: ssd}, containers: [{name: c, image: i, resources: {requests: {cpu: 600m}}}]}",
+        );
+        assert_eq!(
+            admit(&unlabelled, &[&big], &node()).unwrap_err().reason,
+            "OutOfcpu",
+            "resources are told before node affinity, as upstream"
         );
         let hog = pod(
             "metadata: {name: h}\nspec: {containers: [{name: c, image: i, resources: {limits: {memory: 900Mi}}}]}",

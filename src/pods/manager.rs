@@ -340,7 +340,7 @@ impl PodManager {
         self.rejected.insert(uid.to_string(), false);
         self.status.event(pod, "Warning", &r.reason, &r.message);
         self.status.adopt(uid);
-        self.status.set(uid, pod, admit::rejected_status(&r));
+        self.status.set(uid, pod, admit::rejected_status(pod, &r));
     }
 
     fn start_worker(&mut self, uid: &str, pod: &Pod, shutdown: &CancellationToken) {
