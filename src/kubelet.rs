@@ -42,6 +42,9 @@ pub struct Kubelet {
     /// The Node's labels, which the node agent keeps current for
     /// admission, and the store it keeps the Node in.
     labels: Option<tokio::sync::watch::Sender<std::collections::BTreeMap<String, String>>>,
+    /// The Node's `NoExecute` taints: admission reads them, the node agent
+    /// keeps them current.
+    taints: tokio::sync::watch::Sender<Vec<k8s_openapi::api::core::v1::Taint>>,
     store: Option<Arc<crate::store::LocalStore>>,
 }
 
@@ -90,6 +93,7 @@ impl Kubelet {
             runtime: None,
             oci: None,
             labels: None,
+            taints: tokio::sync::watch::channel(Vec::new()).0,
             store: None,
         };
         let started = k.start_runtime(&s).await?;
@@ -278,6 +282,7 @@ impl Kubelet {
             memory: u128::from(memory),
             pods: cfg.max_pods.max(0) as usize,
             labels: pods::admit::NodeLabels::new(self.node_labels(s, store)),
+            taints: pods::admit::NodeTaints::new(self.taints.subscribe()),
             sysctls: pods::sysctls::Allowlist::new(&cfg.allowed_unsafe_sysctls)
                 .map_err(|e| anyhow::anyhow!("allowedUnsafeSysctls: {e}"))?,
             pressure: Some(self.pressure.clone()),
@@ -719,6 +724,7 @@ impl Kubelet {
             labels: self.labels.take().unwrap_or_else(|| {
                 tokio::sync::watch::channel(node::NodeTemplate::from_settings(s).labels).0
             }),
+            taints: self.taints.clone(),
             store: self.store.clone(),
         };
         self.spawn(agent.run(self.shutdown.clone()));

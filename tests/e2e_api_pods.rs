@@ -13,7 +13,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 const BB: &str = "kinglet.test/busybox:1";
 
@@ -381,6 +381,64 @@ async fn admission_rejects_pods_that_do_not_fit(rt: Rt) {
             .is_none_or(|c| c.iter().all(|c| c.container_id.is_none()))
     );
     for s in ["cpu0", "cpu1", "cpu2", "sel", "sysctl", "safe", "huge"] {
+        let _ = pods
+            .delete(
+                &format!("{name}-{s}"),
+                &DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+
+    // A NoExecute taint an admin puts on the node (kubectl taint): a pod
+    // that does not tolerate it is refused, one that does runs.
+    let taint = serde_json::json!({"spec": {"taints": [{"key": "kinglet.test/drain", "value": "yes", "effect": "NoExecute"}]}});
+    nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&taint))
+        .await
+        .unwrap();
+    for (s, tolerations) in [
+        ("untolerated", "[]"),
+        ("tolerated", "[{key: kinglet.test/drain, operator: Exists}]"),
+    ] {
+        let p: Pod = from_yaml(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}-{s}}}\nspec:\n  nodeName: {name}\n  terminationGracePeriodSeconds: 1\n  tolerations: {tolerations}\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sleep, '1000']}}\n"
+        ));
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    // The taint manager deletes the refused pod soon after: its event
+    // stays.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin.clone(), "default");
+    let refused = wait_for(
+        "a TaintToleration event",
+        Duration::from_secs(30),
+        || async {
+            let evs = events.list(&ListParams::default()).await.ok()?;
+            evs.items.into_iter().find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                    == Some(format!("{name}-untolerated").as_str())
+                    && e.reason.as_deref() == Some("TaintToleration")
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        refused.note.as_deref(),
+        Some("Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate")
+    );
+    wait_for(
+        "the tolerating pod Running",
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt(&format!("{name}-tolerated"))
+                .await
+                .ok()
+                .flatten()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        },
+    )
+    .await;
+    for s in ["untolerated", "tolerated"] {
         let _ = pods
             .delete(
                 &format!("{name}-{s}"),

@@ -132,6 +132,8 @@ pub struct NodeAgent {
     pub link: crate::health::ApiLink,
     /// The Node's labels, for admission.
     pub labels: watch::Sender<BTreeMap<String, String>>,
+    /// The Node's `NoExecute` taints, for admission.
+    pub taints: watch::Sender<Vec<ApiTaint>>,
     /// Where the Node's own object is kept for an offline start.
     pub store: Option<Arc<LocalStore>>,
 }
@@ -159,6 +161,7 @@ impl NodeAgent {
         tokio::spawn(keep_node(
             node_rx.clone(),
             self.labels.clone(),
+            self.taints.clone(),
             self.store.clone(),
         ));
         self.status_loop(uid_tx, node_rx, shutdown).await;
@@ -527,13 +530,16 @@ pub fn stored_labels(store: &LocalStore) -> Option<BTreeMap<String, String>> {
     }
 }
 
-/// Keeps `labels` and the store's copy of the Node in step with the API
-/// server's Node. The copy is its metadata and spec (no status, no
-/// managed fields: what a status update changes is not kept), written when
-/// they change, off the async thread.
+/// Keeps `labels`, `taints` (the `NoExecute` ones) and the store's copy of
+/// the Node in step with the API server's Node. The copy is its metadata
+/// and spec (no status, no managed fields: what a status update changes is
+/// not kept), written when they change, off the async thread. (The stored
+/// taints are not read back: an offline start admits only static pods,
+/// which taints do not refuse.)
 async fn keep_node(
     mut node: watch::Receiver<Option<Node>>,
     labels: watch::Sender<BTreeMap<String, String>>,
+    taints: watch::Sender<Vec<ApiTaint>>,
     store: Option<Arc<LocalStore>>,
 ) {
     let mut kept: Option<Node> = None;
@@ -551,6 +557,15 @@ async fn keep_node(
                 info!(labels = ?new, "the node's labels changed");
                 *l = new;
             }
+            changed
+        });
+        let no_execute: Vec<ApiTaint> = (n.spec.iter().flat_map(|s| s.taints.iter().flatten()))
+            .filter(|t| t.effect == "NoExecute")
+            .cloned()
+            .collect();
+        taints.send_if_modified(|t| {
+            let changed = *t != no_execute;
+            *t = no_execute;
             changed
         });
         let (Some(st), false) = (&store, kept.as_ref() == Some(&n)) else {

@@ -2,12 +2,13 @@
 //! starts: the node's labels must satisfy the pod's nodeSelector and
 //! required node affinity, and the pod's requests must fit what is
 //! allocatable next to the pods already admitted, their host ports must be
-//! free, and the node must not be under a pressure that refuses it. A rejected pod fails
+//! free, a pod from the API must tolerate the node's `NoExecute` taints,
+//! and the node must not be under a pressure that refuses it. A rejected pod fails
 //! with upstream's reason and message and never starts.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Pod, PodStatus, Taint, Toleration};
 
 use crate::pods::util::pod_requests;
 
@@ -18,6 +19,8 @@ pub struct Allocatable {
     pub memory: u128,
     pub pods: usize,
     pub labels: NodeLabels,
+    /// The node's `NoExecute` taints.
+    pub taints: NodeTaints,
     /// The sysctls pods may set.
     pub sysctls: super::sysctls::Allowlist,
     /// The eviction manager's node conditions.
@@ -45,6 +48,55 @@ impl Default for NodeLabels {
     fn default() -> Self {
         Self::fixed(BTreeMap::new())
     }
+}
+
+/// The node's `NoExecute` taints as they are now (upstream's admission
+/// refuses a pod that does not tolerate one; the taint manager evicts
+/// the running ones). Kept current by the node agent; none without an
+/// API server.
+#[derive(Clone, Debug)]
+pub struct NodeTaints(tokio::sync::watch::Receiver<Vec<Taint>>);
+
+impl NodeTaints {
+    pub fn new(rx: tokio::sync::watch::Receiver<Vec<Taint>>) -> Self {
+        NodeTaints(rx)
+    }
+
+    pub fn fixed(taints: Vec<Taint>) -> Self {
+        NodeTaints(tokio::sync::watch::channel(taints).1)
+    }
+}
+
+impl Default for NodeTaints {
+    fn default() -> Self {
+        Self::fixed(Vec::new())
+    }
+}
+
+/// Upstream's `Toleration.ToleratesTaint` (without the alpha comparison
+/// operators).
+fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+    let effect = t.effect.as_deref().unwrap_or_default();
+    let key = t.key.as_deref().unwrap_or_default();
+    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
+        return false;
+    }
+    match t.operator.as_deref().unwrap_or_default() {
+        "" | "Equal" => {
+            t.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+        }
+        "Exists" => true,
+        _ => false,
+    }
+}
+
+/// Whether every one of `taints` is tolerated by the pod.
+fn tolerates_all(pod: &Pod, taints: &[Taint]) -> bool {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref());
+    let tolerations = tolerations.unwrap_or_default();
+    taints
+        .iter()
+        .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)))
 }
 
 /// A rejection: reason and message as upstream words them.
@@ -129,15 +181,12 @@ fn affinity_ok(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
 
 /// Whether `pod` tolerates the `memory-pressure:NoSchedule` taint.
 fn tolerates_memory_pressure(pod: &Pod) -> bool {
-    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
-    tolerations.into_iter().flatten().any(|t| {
-        let key_ok = match t.key.as_deref() {
-            None | Some("") => t.operator.as_deref() == Some("Exists"),
-            Some(k) => k == "node.kubernetes.io/memory-pressure",
-        };
-        let effect_ok = matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
-        key_ok && effect_ok
-    })
+    let taint = Taint {
+        key: "node.kubernetes.io/memory-pressure".into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    };
+    tolerates_all(pod, std::slice::from_ref(&taint))
 }
 
 /// Upstream's eviction admit handler: under memory pressure only, pods
@@ -197,6 +246,14 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
         return Err(Rejection {
             reason: "NodePorts".into(),
             message: "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
+        });
+    }
+    if !crate::pods::util::is_static(pod) && !tolerates_all(pod, &node.taints.0.borrow()) {
+        return Err(Rejection {
+            reason: "TaintToleration".into(),
+            message:
+                "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+                    .into(),
         });
     }
     Ok(())
@@ -328,6 +385,7 @@ mod tests {
                 ("kubernetes.io/arch".into(), "arm64".into()),
                 ("zone".into(), "a".into()),
             ])),
+            taints: Default::default(),
             sysctls: Default::default(),
             pressure: None,
         }
@@ -444,6 +502,50 @@ mod tests {
             admit(&any, &[&init], &n).is_ok(),
             "an init container's is not held"
         );
+    }
+
+    #[test]
+    fn a_no_execute_taint_refuses_an_api_pod_that_does_not_tolerate_it() {
+        let taint = Taint {
+            key: "dedicated".into(),
+            value: Some("edge".into()),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        };
+        let n = Allocatable {
+            taints: NodeTaints::fixed(vec![taint]),
+            ..node()
+        };
+        let plain = pod("spec: {containers: [{name: c}]}");
+        let err = admit(&plain, &[], &n).unwrap_err();
+        assert_eq!(err.reason, "TaintToleration");
+        assert_eq!(
+            err.message,
+            "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
+        );
+        for tolerations in [
+            "[{key: dedicated, value: edge}]",
+            "[{key: dedicated, operator: Exists, effect: NoExecute}]",
+            "[{operator: Exists}]",
+        ] {
+            let p = pod(&format!(
+                "spec: {{tolerations: {tolerations}, containers: [{{name: c}}]}}"
+            ));
+            assert!(admit(&p, &[], &n).is_ok(), "{tolerations}");
+        }
+        for tolerations in [
+            "[{key: dedicated, value: cloud}]",
+            "[{key: dedicated, operator: Exists, effect: NoSchedule}]",
+        ] {
+            let p = pod(&format!(
+                "spec: {{tolerations: {tolerations}, containers: [{{name: c}}]}}"
+            ));
+            assert!(admit(&p, &[], &n).is_err(), "{tolerations}");
+        }
+        let static_pod = pod(
+            "metadata: {annotations: {kubernetes.io/config.source: file}}\nspec: {containers: [{name: c}]}",
+        );
+        assert!(admit(&static_pod, &[], &n).is_ok(), "a static pod");
     }
 
     #[test]

@@ -53,6 +53,7 @@ fn node_with(rt: Arc<FakeRuntime>, objects: Option<Arc<dyn ObjectSource>>) -> No
         memory: 8 << 30,
         pods: 110,
         labels: Default::default(),
+        taints: Default::default(),
         sysctls: Default::default(),
         pressure: None,
     };

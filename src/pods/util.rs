@@ -253,15 +253,22 @@ pub fn pod_log_dir(pod: &Pod, node: &NodeFacts) -> Option<std::path::PathBuf> {
 /// `scheduling.SystemCriticalPriority`.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
+/// A static pod (from a file or URL source; the kubelet's own, exempt from
+/// what the API server's pods meet: taints, the Node authorizer's scope).
+pub fn is_static(pod: &Pod) -> bool {
+    let annotations = pod.metadata.annotations.as_ref();
+    annotations
+        .and_then(|a| a.get("kubernetes.io/config.source"))
+        .is_some_and(|s| s != "api")
+}
+
 /// Static pods, mirror pods and pods at system-critical priority
 /// (upstream's `IsCriticalPod`: never evicted, never given swap).
 pub fn is_critical(pod: &Pod) -> bool {
     let annotations = pod.metadata.annotations.as_ref();
-    let source = annotations.and_then(|a| a.get("kubernetes.io/config.source"));
     let mirror = annotations.is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    let static_pod = source.is_some_and(|s| s != "api");
     let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
-    static_pod || mirror || priority >= SYSTEM_CRITICAL_PRIORITY
+    is_static(pod) || mirror || priority >= SYSTEM_CRITICAL_PRIORITY
 }
 
 /// The pod's namespace (`default` if unset) and name.

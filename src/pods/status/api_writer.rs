@@ -26,7 +26,6 @@ use tracing::{debug, info, warn};
 use crate::pods::util::pod_name;
 
 const MIRROR: &str = "kubernetes.io/config.mirror";
-const SOURCE: &str = "kubernetes.io/config.source";
 /// Events waiting to be published; past this they are dropped.
 const EVENT_QUEUE: usize = 1024;
 
@@ -36,12 +35,7 @@ fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
     (Api::namespaced(client.clone(), &ns), ns, name)
 }
 
-pub fn is_static(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.get(SOURCE).is_some_and(|s| s != "api"))
-}
+use crate::pods::util::is_static;
 
 pub fn is_mirror(pod: &Pod) -> bool {
     pod.metadata
