@@ -227,7 +227,7 @@ echo "addons ($runtime): all checks passed in $(( $(date +%s) - start )) s"
 
 # Upstream specs on this cluster, add-ons running.
 if [ -n "$focus" ]; then
-  bin=$(tests/conformance/build.sh | tail -n1)
+  bin=$(tests/conformance/build.sh --sample-apiserver | tail -n1)
   tests/conformance/images.sh "$bin" "$reg"
   # shellcheck source=../conformance/lib.sh
   . tests/conformance/lib.sh

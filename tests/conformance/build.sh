@@ -2,7 +2,7 @@
 # Builds the upstream node-conformance binaries at the release of the test
 # control plane (tests/cluster/go.mod): e2e.test, the ginkgo CLI at the
 # version k8s.io/kubernetes pins, agnhost, nnp (the nonewprivs image's
-# program) and sample-apiserver. Cached outside the repo like the control plane:
+# program) and, asked, sample-apiserver. Cached outside the repo like the control plane:
 #   ${KINGLET_CACHE_DIR:-/var/cache/kinglet}/conformance-<version>-<key>/
 # Prints that directory last. Builds in a copy of go.mod/go.sum, so the
 # repo's files and the control plane's cache key stay untouched.
@@ -19,10 +19,11 @@ tmp=$(mktemp -d "$out/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cp go.mod go.sum "$tmp/"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
-# The aggregator spec's extension apiserver (its own module, at the same
-# release; added to the cache dir on its own, so an older cache keeps its
-# e2e.test).
-if [ ! -x "$out/sample-apiserver" ]; then
+# With --sample-apiserver, the aggregator spec's extension apiserver too
+# (its own module, at the same release; the full run wants it, the
+# subsets do not; added to the cache dir on its own, so an older cache
+# keeps its e2e.test).
+if [ "${1:-}" = --sample-apiserver ] && [ ! -x "$out/sample-apiserver" ]; then
   echo "conformance: building sample-apiserver ${version/v1/v0}" >&2
   (cd "$tmp" && go get "k8s.io/sample-apiserver@${version/v1/v0}" >&2 &&
     nice go build -trimpath -ldflags "-s -w" -o "$tmp/sample-apiserver" k8s.io/sample-apiserver)

@@ -103,7 +103,8 @@ fill_nginx() {
 }
 
 # The aggregator spec's extension apiserver and its etcd (the control
-# plane's own etcd build, where upstream's image has /usr/local/bin/etcd).
+# plane's own etcd build, where upstream's image has /usr/local/bin/etcd),
+# when build.sh made it (--sample-apiserver).
 fill_sample_apiserver() {
   rootfs "$1"
   cp "$bin/sample-apiserver" "$1/kube-sample-apiserver"
@@ -127,5 +128,7 @@ for v in 1.27.0-2 1.28.0-2; do
   image "e2e-test-images/nginx:$v" fill_nginx --config.cmd httpd --config.cmd -f --config.cmd -p --config.cmd 80 \
     --config.cmd -h --config.cmd /usr/share/nginx/html --config.exposedports 80/tcp
 done
-image "e2e-test-images/sample-apiserver:1.29.2" fill_sample_apiserver --config.entrypoint /kube-sample-apiserver
-image "etcd:3.7.0-0" fill_etcd --config.cmd /usr/local/bin/etcd
+if [ -x "$bin/sample-apiserver" ]; then
+  image "e2e-test-images/sample-apiserver:1.29.2" fill_sample_apiserver --config.entrypoint /kube-sample-apiserver
+  image "etcd:3.7.0-0" fill_etcd --config.cmd /usr/local/bin/etcd
+fi
