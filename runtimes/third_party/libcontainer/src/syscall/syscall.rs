@@ -19,8 +19,6 @@ use oci_spec::runtime::PosixRlimit;
 use crate::config::PersonalityDomain;
 use crate::syscall::Result;
 use crate::syscall::linux::{LinuxSyscall, MountAttr};
-#[cfg(test)]
-use crate::syscall::test::TestHelperSyscall;
 
 /// This specifies various kernel/other functionalities required for
 /// container management
@@ -90,30 +88,16 @@ pub trait Syscall {
     fn personality(&self, domain: PersonalityDomain) -> Result<()>;
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub enum SyscallType {
+    #[default]
     Linux,
-    #[cfg(test)]
-    Test,
-}
-
-impl Default for SyscallType {
-    #[cfg(test)]
-    fn default() -> Self {
-        SyscallType::Test
-    }
-    #[cfg(not(test))]
-    fn default() -> Self {
-        SyscallType::Linux
-    }
 }
 
 impl SyscallType {
     pub fn create_syscall(&self) -> Box<dyn Syscall> {
         match self {
             SyscallType::Linux => Box::new(LinuxSyscall),
-            #[cfg(test)]
-            SyscallType::Test => Box::<TestHelperSyscall>::default(),
         }
     }
 }
