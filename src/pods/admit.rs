@@ -27,51 +27,34 @@ pub struct Allocatable {
     pub pressure: Option<std::sync::Arc<crate::eviction::Pressure>>,
 }
 
-/// The node's labels as they are now: upstream admits against the Node its
-/// informer holds, so a label an admin adds (`kubectl label node`) counts.
-/// The node agent keeps them current; a fixed set serves tests and nodes
-/// without an API server.
+/// A fact of the Node as it is now: upstream admits against the Node its
+/// informer holds, so a label an admin adds (`kubectl label node`) or a
+/// `NoExecute` taint counts. The node agent keeps them current; a fixed
+/// value serves tests and nodes without an API server.
 #[derive(Clone, Debug)]
-pub struct NodeLabels(tokio::sync::watch::Receiver<BTreeMap<String, String>>);
+pub struct Current<T>(tokio::sync::watch::Receiver<T>);
 
-impl NodeLabels {
-    pub fn new(rx: tokio::sync::watch::Receiver<BTreeMap<String, String>>) -> Self {
-        NodeLabels(rx)
+impl<T> Current<T> {
+    pub fn new(rx: tokio::sync::watch::Receiver<T>) -> Self {
+        Current(rx)
     }
 
-    pub fn fixed(labels: BTreeMap<String, String>) -> Self {
-        NodeLabels(tokio::sync::watch::channel(labels).1)
+    pub fn fixed(value: T) -> Self {
+        Current(tokio::sync::watch::channel(value).1)
     }
 }
 
-impl Default for NodeLabels {
+impl<T: Default> Default for Current<T> {
     fn default() -> Self {
-        Self::fixed(BTreeMap::new())
+        Self::fixed(T::default())
     }
 }
 
-/// The node's `NoExecute` taints as they are now (upstream's admission
-/// refuses a pod that does not tolerate one; the taint manager evicts
-/// the running ones). Kept current by the node agent; none without an
-/// API server.
-#[derive(Clone, Debug)]
-pub struct NodeTaints(tokio::sync::watch::Receiver<Vec<Taint>>);
-
-impl NodeTaints {
-    pub fn new(rx: tokio::sync::watch::Receiver<Vec<Taint>>) -> Self {
-        NodeTaints(rx)
-    }
-
-    pub fn fixed(taints: Vec<Taint>) -> Self {
-        NodeTaints(tokio::sync::watch::channel(taints).1)
-    }
-}
-
-impl Default for NodeTaints {
-    fn default() -> Self {
-        Self::fixed(Vec::new())
-    }
-}
+/// The Node's labels.
+pub type NodeLabels = Current<BTreeMap<String, String>>;
+/// The Node's `NoExecute` taints (upstream's admission refuses a pod that
+/// does not tolerate one; the taint manager evicts the running ones).
+pub type NodeTaints = Current<Vec<Taint>>;
 
 /// Upstream's `Toleration.ToleratesTaint` (without the alpha comparison
 /// operators).
@@ -104,6 +87,17 @@ fn tolerates_all(pod: &Pod, taints: &[Taint]) -> bool {
 pub struct Rejection {
     pub reason: String,
     pub message: String,
+}
+
+impl Rejection {
+    /// Upstream's `PredicateFailureError`: the predicate's name as the
+    /// reason, "Predicate <name> failed: <why>" as the message.
+    fn predicate(name: &str, why: &str) -> Self {
+        Rejection {
+            reason: name.into(),
+            message: format!("Predicate {name} failed: {why}"),
+        }
+    }
 }
 
 /// Upstream's OS checks, before any other predicate: a `kubernetes.io/os`
@@ -235,26 +229,16 @@ pub fn admit(pod: &Pod, admitted: &[&Pod], node: &Allocatable) -> Result<(), Rej
         message: s.to_string(),
     })?;
     if !affinity_ok(pod, &node.labels.0.borrow()) {
-        return Err(Rejection {
-            reason: "NodeAffinity".into(),
-            message:
-                "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
-                    .into(),
-        });
+        let why = "node(s) didn't match Pod's node affinity/selector";
+        return Err(Rejection::predicate("NodeAffinity", why));
     }
     if !ports_fit(pod, admitted) {
-        return Err(Rejection {
-            reason: "NodePorts".into(),
-            message: "Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports".into(),
-        });
+        let why = "node(s) didn't have free ports for the requested pod ports";
+        return Err(Rejection::predicate("NodePorts", why));
     }
     if !crate::pods::util::is_static(pod) && !tolerates_all(pod, &node.taints.0.borrow()) {
-        return Err(Rejection {
-            reason: "TaintToleration".into(),
-            message:
-                "Predicate TaintToleration failed: node(s) had taints that the pod didn't tolerate"
-                    .into(),
-        });
+        let why = "node(s) had taints that the pod didn't tolerate";
+        return Err(Rejection::predicate("TaintToleration", why));
     }
     Ok(())
 }
@@ -270,7 +254,7 @@ fn host_ports(pod: &Pod) -> Vec<(String, String, i32)> {
         .init_containers
         .iter()
         .flatten()
-        .filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        .filter(|c| crate::pods::util::is_sidecar(c));
     spec.containers
         .iter()
         .chain(sidecars)

@@ -78,7 +78,7 @@ mkdir -p "$out"
 addons=$(tests/addons/build.sh | tail -n1)
 metrics_server=$(tests/cluster/build-metrics-server.sh | tail -n1)
 work=$(mktemp -d /tmp/kinglet-addons.XXXXXX)
-reg_pid="" agent_pid="" agents=() lock_made=""
+reg_pid="" agents=() lock_made=""
 cleanup() {
   set +e
   local a w
@@ -168,9 +168,7 @@ cgroupRoot: /$n" || fail "node $n Ready"
   echo "addons: ok node $n Ready"
 }
 join "$work" "$node" "$bridge" "$subnet" "$gateway" "$out/kinglet.log"
-first_agent=$agent_pid
 [ "$nodes" = 1 ] || join "$work/b" "$node2" "$bridge2" "$subnet2" "$gateway2" "$out/kinglet-b.log"
-agent_pid=$first_agent
 
 deploy_start=$(date +%s)
 # One kube-proxy for the host's one network stack, on the first node.
@@ -219,7 +217,7 @@ dns_ready=$(( $(date +%s) - deploy_start ))
 until_ok 180 "metrics-server Ready" k -n kube-system wait --for=condition=Ready pod -l k8s-app=metrics-server --timeout=5s
 until_ok 120 "kubectl top node $node" sh -c "kubectl --kubeconfig $admin top node $node --no-headers | grep -q '^$node '"
 until_ok 120 "kubectl top pod (CoreDNS)" sh -c "kubectl --kubeconfig $admin -n kube-system top pod --no-headers | grep -q '^coredns-'"
-rss=$(awk '/VmRSS/ {print $2}' "/proc/$agent_pid/status")
+rss=$(awk '/VmRSS/ {print $2}' "/proc/${agents[0]}/status")
 pods=$(k get pods -A --field-selector "spec.nodeName=$node" --no-headers | wc -l)
 echo "figure: addons ($runtime): kube-proxy, CoreDNS and the test Services answering ${dns_ready} s after the manifests were applied"
 echo "figure: addons ($runtime): kinglet RSS $((rss / 1024)) MiB with $pods pods (kube-proxy, CoreDNS, metrics-server, web, client)"

@@ -45,13 +45,13 @@ fill_agnhost() {
   bash_as_sh "$1"
   [ -x /usr/bin/curl ] && with_libs "$1" /usr/bin/curl /usr/bin/curl
   [ -x /bin/nc.openbsd ] && with_libs "$1" /bin/nc.openbsd /usr/bin/nc
-  with_dig "$1"
+  with_dns_tools "$1"
 }
 # dig, which the DNS specs' queriers run in agnhost (upstream's has
 # alpine's bind-tools) and glibc-dns-testing (Debian's dnsutils), and
 # getent, which they run for the hosts lookups (alpine's musl-utils in
 # upstream's agnhost).
-with_dig() {
+with_dns_tools() {
   with_libs "$1" /usr/bin/dig /usr/bin/dig
   with_libs "$1" /usr/bin/getent /usr/bin/getent
 }
@@ -78,7 +78,7 @@ fill_glibc_dns() {
   rootfs "$1"
   rm -f "$1/bin/hostname"
   with_libs "$1" /bin/hostname /bin/hostname
-  with_dig "$1"
+  with_dns_tools "$1"
 }
 
 # kitten and nautilus (the Update Demo specs): agnhost's test-webserver

@@ -23,7 +23,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::pods::util::pod_name;
+use crate::pods::util::{is_static, pod_name};
 
 const MIRROR: &str = "kubernetes.io/config.mirror";
 /// Events waiting to be published; past this they are dropped.
@@ -34,8 +34,6 @@ fn pod_api(client: &Client, pod: &Pod) -> (Api<Pod>, String, String) {
     let (ns, name) = crate::pods::util::namespace_and_name(pod);
     (Api::namespaced(client.clone(), &ns), ns, name)
 }
-
-use crate::pods::util::is_static;
 
 pub fn is_mirror(pod: &Pod) -> bool {
     pod.metadata
