@@ -46,6 +46,9 @@ pub struct Kubelet {
     /// keeps them current.
     taints: tokio::sync::watch::Sender<Vec<k8s_openapi::api::core::v1::Taint>>,
     store: Option<Arc<crate::store::LocalStore>>,
+    /// The device manager: admission, the containers and the node status
+    /// read it.
+    devices: Option<Arc<crate::devices::DeviceManager>>,
 }
 
 /// Facts about the machine, read once at start: capacity and addresses
@@ -95,6 +98,7 @@ impl Kubelet {
             labels: None,
             taints: tokio::sync::watch::channel(Vec::new()).0,
             store: None,
+            devices: None,
         };
         let started = k.start_runtime(&s).await?;
         k.runtime = Some(started.runtime.clone());
@@ -111,6 +115,7 @@ impl Kubelet {
         let link = client
             .is_some()
             .then(|| health::ApiLink::new(s.root_dir.join("pods").join("offline-since")));
+        k.start_devices(&s).await;
         let api = (client.clone(), link.clone());
         k.start_pods(&s, &host, &started, api, metrics, relist.clone())?;
         let update = s.config.node_status_update_frequency.0;
@@ -124,6 +129,20 @@ impl Kubelet {
             None => k.beat_standalone(started.runtime, syncloop, update),
         }
         Ok(k)
+    }
+
+    /// The device manager, restored from its checkpoint, and the built-in
+    /// device classes feeding it.
+    async fn start_devices(&mut self, s: &Settings) {
+        let checkpoint = s.root_dir.join("device-manager").join("checkpoint.json");
+        let devices = Arc::new(crate::devices::DeviceManager::load(checkpoint).await);
+        let classes = s.device_classes.clone();
+        self.spawn(crate::devices::builtin::run(
+            classes,
+            devices.clone(),
+            self.shutdown.clone(),
+        ));
+        self.devices = Some(devices);
     }
 
     fn spawn(&mut self, f: impl std::future::Future<Output = ()> + Send + 'static) {
@@ -217,6 +236,7 @@ impl Kubelet {
             link.as_ref(),
         );
         node_ctx.credential_providers = credential_providers(s, client.clone())?;
+        node_ctx.devices = self.devices.clone();
         let store = node_ctx.store.clone();
         node_ctx.services = client
             .clone()
@@ -726,6 +746,7 @@ impl Kubelet {
             }),
             taints: self.taints.clone(),
             store: self.store.clone(),
+            devices: self.devices.clone(),
         };
         self.spawn(agent.run(self.shutdown.clone()));
         Ok(())
@@ -894,6 +915,7 @@ fn node_context(
             Arc::new(pods::objects::ApiObjects(c)) as Arc<dyn crate::pods::util::ObjectSource>
         }),
         credential_providers: None,
+        devices: None,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod certificate;
 pub mod cm;
 pub mod config;
 pub mod demo;
+pub mod devices;
 mod dirwatch;
 mod eviction;
 mod fsutil;

@@ -217,6 +217,29 @@ pub struct Flags {
     #[arg(long, value_name = "N", default_value_t = crate::server::listener::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
 
+    /// kinglet's built-in device classes (device nodes by path offered as
+    /// extended resources); a missing file declares none.
+    #[arg(long, value_name = "FILE", default_value = "/etc/kinglet/devices.yaml")]
+    pub device_config: PathBuf,
+
+    /// Where device plugins register (`kubelet.sock`) and serve their
+    /// sockets: upstream's path, which plugins hard-code.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
+    pub device_plugin_dir: PathBuf,
+
+    /// Where the pod resources API listens (`kubelet.sock`): upstream's
+    /// path, which monitoring agents hard-code.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/pod-resources"
+    )]
+    pub pod_resources_dir: PathBuf,
+
     /// Container runtime.
     #[arg(long, value_enum, default_value_t = RuntimeKind::Oci)]
     pub runtime: RuntimeKind,
@@ -260,6 +283,10 @@ pub struct Settings {
     pub image_limits: ImageLimits,
     /// `--max-connections`.
     pub max_connections: usize,
+    /// `--device-config`, read and checked.
+    pub device_classes: crate::devices::builtin::DeviceConfig,
+    pub device_plugin_dir: PathBuf,
+    pub pod_resources_dir: PathBuf,
 }
 
 impl Flags {
@@ -287,6 +314,16 @@ impl Flags {
         if !self.root_dir.is_absolute() {
             return Err(field_err("--root-dir", "must be an absolute path"));
         }
+        for (flag, dir) in [
+            ("--device-plugin-dir", &self.device_plugin_dir),
+            ("--pod-resources-dir", &self.pod_resources_dir),
+        ] {
+            if !dir.is_absolute() {
+                return Err(field_err(flag, "must be an absolute path"));
+            }
+        }
+        let device_classes = crate::devices::builtin::DeviceConfig::load(&self.device_config)
+            .map_err(|e| field_err("--device-config", e))?;
         let reserve = match config.eviction_thresholds()?.hard.get("imagefs.available") {
             Some(super::ThresholdValue::Percent(p)) => (p * 100.0).round() as u64,
             Some(super::ThresholdValue::Quantity(_)) | None => 0,
@@ -307,6 +344,9 @@ impl Flags {
                 .zip(self.image_credential_provider_bin_dir.clone()),
             pod_log_dir: self.pod_log_dir.clone(),
             max_connections: self.max_connections,
+            device_classes,
+            device_plugin_dir: self.device_plugin_dir.clone(),
+            pod_resources_dir: self.pod_resources_dir.clone(),
             cni_conf_dir: PathBuf::from(&self.cni_conf_dir),
             cni_bin_dirs: self
                 .cni_bin_dir

@@ -136,6 +136,8 @@ pub struct NodeAgent {
     pub taints: watch::Sender<Vec<ApiTaint>>,
     /// Where the Node's own object is kept for an offline start.
     pub store: Option<Arc<LocalStore>>,
+    /// The device resources, in capacity and allocatable.
+    pub devices: Option<Arc<crate::devices::DeviceManager>>,
 }
 
 impl NodeAgent {
@@ -190,6 +192,11 @@ impl NodeAgent {
             pids: self.host.pids(),
             runtime,
             runtime_version,
+            devices: self
+                .devices
+                .as_ref()
+                .map(|d| d.capacity())
+                .unwrap_or_default(),
         }
     }
 
@@ -203,6 +210,7 @@ impl NodeAgent {
         shutdown: CancellationToken,
     ) {
         let name = self.template.name.clone();
+        let mut devices = self.devices.as_ref().map(|d| d.subscribe());
         let mut st = StatusRounds {
             api: Api::all(self.client.clone()),
             recorder: Recorder::new(
@@ -242,7 +250,7 @@ impl NodeAgent {
             let result = self.send(&st, server.as_ref(), &status).await;
             let wait = st.settle(result, &status, self.update_frequency);
             st.publish_events(&status);
-            if !st.wait(&mut observed, wait, &shutdown).await {
+            if !st.wait(&mut observed, &mut devices, wait, &shutdown).await {
                 return;
             }
         }
@@ -388,6 +396,7 @@ impl StatusRounds {
     async fn wait(
         &mut self,
         observed: &mut watch::Receiver<Option<Node>>,
+        devices: &mut Option<watch::Receiver<u64>>,
         wait: Duration,
         shutdown: &CancellationToken,
     ) -> bool {
@@ -397,6 +406,14 @@ impl StatusRounds {
             tokio::select! {
                 _ = shutdown.cancelled() => return false,
                 _ = &mut deadline => return true,
+                // A device resource came, went or changed health: the
+                // scheduler should know now, not at the next round.
+                Ok(()) = async {
+                    match devices.as_mut() {
+                        Some(d) => d.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => return true,
                 r = observed.changed() => {
                     if r.is_err() {
                         return false;

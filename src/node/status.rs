@@ -29,6 +29,8 @@ pub struct Readings {
     pub runtime: Result<RuntimeStatus, RuntimeError>,
     /// `nodeInfo.containerRuntimeVersion`, once the runtime answered.
     pub runtime_version: String,
+    /// The device manager's resources: name → (capacity, allocatable).
+    pub devices: BTreeMap<String, (i64, i64)>,
 }
 
 /// Node settings that shape the status but never change while running.
@@ -96,6 +98,7 @@ impl StatusBuilder {
     fn resources(
         &self,
         nodefs: Option<FsStats>,
+        devices: &BTreeMap<String, (i64, i64)>,
     ) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
         let m = &self.cfg.machine;
         let mut cap = BTreeMap::new();
@@ -149,6 +152,13 @@ impl StatusBuilder {
         let pods = Quantity(self.cfg.max_pods.to_string());
         cap.insert("pods".into(), pods.clone());
         alloc.insert("pods".into(), pods);
+        // Device resources as upstream's MachineInfo setter: every device,
+        // the healthy ones; a removed resource at 0, not left out (the
+        // patch would keep its last figure).
+        for (name, (capacity, allocatable)) in devices {
+            cap.insert(name.clone(), Quantity(capacity.to_string()));
+            alloc.insert(name.clone(), Quantity(allocatable.to_string()));
+        }
         (cap, alloc)
     }
 
@@ -258,7 +268,7 @@ impl StatusBuilder {
         if !r.runtime_version.is_empty() {
             self.runtime_version = r.runtime_version.clone();
         }
-        let (capacity, allocatable) = self.resources(r.nodefs);
+        let (capacity, allocatable) = self.resources(r.nodefs, &r.devices);
         let conditions = self.conditions(r, now, &wall);
         NodeStatus {
             capacity: Some(capacity),
@@ -536,6 +546,7 @@ mod tests {
             pids: (32768, 200),
             runtime: Ok(ready()),
             runtime_version: "kinglet-oci://0.1.0".into(),
+            devices: [("example.com/resource".to_string(), (2, 1))].into(),
         }
     }
 
@@ -580,6 +591,9 @@ mod tests {
         );
         // 10% of the filesystem is kept back for nodefs.available.
         assert_eq!(alloc["ephemeral-storage"].0, (90u64 << 30).to_string());
+        // Every device, the healthy ones.
+        assert_eq!(cap["example.com/resource"].0, "2");
+        assert_eq!(alloc["example.com/resource"].0, "1");
         let info = s.node_info.as_ref().unwrap();
         assert_eq!(info.container_runtime_version, "kinglet-oci://0.1.0");
         assert_eq!(info.architecture, "arm64");

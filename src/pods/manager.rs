@@ -151,7 +151,7 @@ impl PodManager {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 u = inputs.updates.recv() => match u {
-                    Some(u) => self.on_source(u, &shutdown),
+                    Some(u) => self.on_source(u, &shutdown).await,
                     None => return,
                 },
                 r = inputs.reports.recv() => match r {
@@ -256,7 +256,7 @@ impl PodManager {
         }
     }
 
-    fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
+    async fn on_source(&mut self, u: SourceUpdate, shutdown: &CancellationToken) {
         self.sources.update(u);
         let desired = self.sources.desired();
         for (uid, pod) in &desired {
@@ -287,7 +287,7 @@ impl PodManager {
                 // down): a worker stops what runs and finishes the deletion.
                 self.start_worker(uid, pod, shutdown);
             } else {
-                self.admit_and_start(uid, pod, &desired, shutdown);
+                self.admit_and_start(uid, pod, &desired, shutdown).await;
             }
         }
         self.workers.remove_missing(&desired);
@@ -314,7 +314,7 @@ impl PodManager {
         }
     }
 
-    fn admit_and_start(
+    async fn admit_and_start(
         &mut self,
         uid: &str,
         pod: &Pod,
@@ -322,7 +322,8 @@ impl PodManager {
         shutdown: &CancellationToken,
     ) {
         // A pod whose containers already run (a restart) is not admitted
-        // again; a new one must fit next to the running ones.
+        // again (its devices are in the device checkpoint); a new one must
+        // fit next to the running ones.
         if self.pleg.cache().get(uid).is_empty() {
             let others = self.allocated_others(uid, desired);
             let others: Vec<&Pod> = others.iter().map(|p| &**p).collect();
@@ -330,8 +331,41 @@ impl PodManager {
                 self.reject(uid, pod, r);
                 return;
             }
+            if let Err(r) = self.allocate_devices(uid, pod, desired).await {
+                self.reject(uid, pod, r);
+                return;
+            }
         }
         self.start_worker(uid, pod, shutdown);
+    }
+
+    /// The device manager's part of admission (upstream's
+    /// `GetAllocateResourcesPodAdmitHandler`): the pod's devices, chosen
+    /// and allocated by their sources; the pods no longer active give
+    /// theirs back first, once every source has been read.
+    async fn allocate_devices(
+        &self,
+        uid: &str,
+        pod: &Pod,
+        desired: &BTreeMap<String, Pod>,
+    ) -> Result<(), admit::Rejection> {
+        let Some(devices) = &self.node.devices else {
+            return Ok(());
+        };
+        let active: Option<BTreeSet<String>> = self.sources.ready().then(|| {
+            let others = self.active_others(uid);
+            others
+                .filter(|u| desired.contains_key(*u))
+                .map(String::from)
+                .collect()
+        });
+        devices
+            .allocate(pod, active.as_ref())
+            .await
+            .map_err(|e| admit::Rejection {
+                reason: "UnexpectedAdmissionError".into(),
+                message: e.admission_message(),
+            })
     }
 
     /// A pod that never runs here: failed with the reason, once.
@@ -450,21 +484,28 @@ impl PodManager {
         }
     }
 
-    /// The allocated pods running next to `uid`, as admission counts them.
-    fn allocated_others<'a>(
-        &self,
-        uid: &str,
-        desired: &'a BTreeMap<String, Pod>,
-    ) -> Vec<std::borrow::Cow<'a, Pod>> {
+    /// The pods other than `uid` that run or will (upstream's active
+    /// pods): their workers sync and they have not ended.
+    fn active_others<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.workers
             .in_phase(Phase::Syncing)
-            .filter(|u| *u != uid)
+            .map(String::as_str)
+            .filter(move |u| *u != uid)
             .filter(|u| {
                 !self
                     .status
                     .get(u)
                     .is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
             })
+    }
+
+    /// The allocated pods running next to `uid`, as admission counts them.
+    fn allocated_others<'a>(
+        &self,
+        uid: &str,
+        desired: &'a BTreeMap<String, Pod>,
+    ) -> Vec<std::borrow::Cow<'a, Pod>> {
+        self.active_others(uid)
             .filter_map(|u| desired.get(u).map(|p| self.allocations.allocated(u, p)))
             .collect()
     }

@@ -185,6 +185,18 @@ pub enum Propagation {
     Bidirectional,
 }
 
+/// A host device node given to a container (CRI `Device`): what a device
+/// plugin's `Allocate` or a CDI spec asks for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Device {
+    /// The device node on the host (a directory: every device node in it).
+    pub host_path: String,
+    /// Where it appears in the container; empty: the host path.
+    pub container_path: String,
+    /// The cgroup access it gets: any of `r`, `w`, `m`; empty: `rwm`.
+    pub permissions: String,
+}
+
 /// What a container is made from (CRI `ContainerConfig`, the parts kinglet
 /// uses), already merged with the image's defaults by the caller.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -235,6 +247,16 @@ pub struct ContainerConfig {
     /// the container whose PID namespace it joins (CRI
     /// `NamespaceMode::TARGET` with `target_id`). Ignored with `hostPID`.
     pub pid_target: Option<String>,
+    /// Host devices the container may use without being privileged (its
+    /// device plugins' allocations, resolved CDI devices).
+    pub devices: Vec<Device>,
+    /// Container annotations (a device plugin's `Allocate` may set some
+    /// for the runtime's hooks): CRI annotations, OCI annotations in
+    /// process.
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// Fully qualified CDI device names (`vendor.com/class=name`) the
+    /// runtime resolves from the CDI specs in `/etc/cdi` and `/var/run/cdi`.
+    pub cdi_devices: Vec<String>,
 }
 
 /// The cgroup settings an in-place resize changes (CRI

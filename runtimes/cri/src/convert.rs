@@ -147,8 +147,22 @@ pub(crate) fn container_config(
             })
             .collect(),
         mounts,
+        devices: cfg
+            .devices
+            .iter()
+            .map(|d| proto::Device {
+                container_path: d.container_path.clone(),
+                host_path: d.host_path.clone(),
+                permissions: d.permissions.clone(),
+            })
+            .collect(),
         labels,
-        annotations: HashMap::new(),
+        annotations: cfg.annotations.clone().into_iter().collect(),
+        cdi_devices: cfg
+            .cdi_devices
+            .iter()
+            .map(|name| proto::CdiDevice { name: name.clone() })
+            .collect(),
         log_path: cfg.log_path.clone(),
         stdin: cfg.stdin,
         stdin_once: cfg.stdin_once,

@@ -55,6 +55,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     let cfg = &input.cfg;
     let overlay = prepare_rootfs(&input.store, dir, &input.image)?;
     let mounts = mounts(input)?;
+    let devices = crate::devices::resolve(&cfg.devices)?;
     let ic = image_config(&input.store, &input.image);
     let (uid, gid) = match (cfg.uid, cfg.gid) {
         (Some(u), g) => (u, g.unwrap_or(0)),
@@ -114,6 +115,8 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
         join_uts: smeta.and_then(|m| m.uts.clone()),
         mounts,
         sysctls: cfg.sysctls.clone(),
+        devices,
+        annotations: cfg.annotations.clone(),
     };
     let spec = serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?;
     write_private(&dir.join("config.json"), &spec).map_err(|e| rt_err("config.json", e))?;

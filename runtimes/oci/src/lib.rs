@@ -21,6 +21,7 @@
 
 mod bundle;
 pub mod container;
+mod devices;
 mod events;
 pub mod images;
 pub mod monitor;

@@ -96,6 +96,28 @@ pub struct ContainerConfig {
     pub join_uts: Option<PathBuf>,
     pub mounts: Vec<BindMount>,
     pub sysctls: Vec<(String, String)>,
+    /// Host device nodes made in the container and allowed by its device
+    /// cgroup (v1 `devices.allow`, v2 libcontainer's eBPF filter).
+    pub devices: Vec<DeviceNode>,
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// A device node as the OCI spec's `linux.devices` names it, with the
+/// cgroup access it is allowed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceNode {
+    /// Inside the container.
+    pub path: String,
+    /// `c` or `b`.
+    pub kind: char,
+    pub major: u64,
+    pub minor: u64,
+    /// The permission bits of the host's node.
+    pub file_mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// `rwm` or a part of it.
+    pub access: String,
 }
 
 impl ContainerConfig {
@@ -108,6 +130,9 @@ impl ContainerConfig {
             "mounts": self.mounts_spec(),
             "linux": self.linux(),
         });
+        if !self.annotations.is_empty() {
+            spec["annotations"] = json!(self.annotations);
+        }
         // The host's UTS namespace keeps the host's name.
         if !self.host_uts {
             spec["hostname"] = json!(self.hostname);
@@ -201,10 +226,16 @@ impl ContainerConfig {
 
     /// Devices, memory, CPU and PID limits.
     fn resources(&self) -> Value {
-        let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
+        let mut rules = vec![json!({"allow": false, "access": "rwm"})];
         if self.privileged {
-            resources["devices"] = json!([{"allow": true, "access": "rwm"}]);
+            rules = vec![json!({"allow": true, "access": "rwm"})];
         }
+        // After the deny-all: each allocated device is allowed (libcontainer
+        // keeps its own defaults, /dev/null and the like, beside them).
+        rules.extend(self.devices.iter().map(|d| {
+            json!({"allow": true, "type": d.kind.to_string(), "major": d.major, "minor": d.minor, "access": d.access})
+        }));
+        let mut resources = json!({ "devices": rules });
         if let Some(m) = self.memory_limit {
             resources["memory"] = json!({"limit": m});
         }
@@ -243,6 +274,16 @@ impl ContainerConfig {
             "resources": self.resources(),
             "sysctl": sysctl,
         });
+        if !self.devices.is_empty() {
+            linux["devices"] = self
+                .devices
+                .iter()
+                .map(|d| {
+                    json!({"path": d.path, "type": d.kind.to_string(), "major": d.major, "minor": d.minor,
+                        "fileMode": d.file_mode, "uid": d.uid, "gid": d.gid})
+                })
+                .collect();
+        }
         if !self.privileged {
             linux["maskedPaths"] = json!(MASKED);
             linux["readonlyPaths"] = json!(READONLY);
@@ -375,6 +416,38 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_device_is_made_and_allowed_after_the_deny_all() {
+        let c = ContainerConfig {
+            devices: vec![DeviceNode {
+                path: "/dev/ttyUSB0".into(),
+                kind: 'c',
+                major: 188,
+                minor: 0,
+                file_mode: 0o660,
+                uid: 0,
+                gid: 20,
+                access: "rw".into(),
+            }],
+            ..Default::default()
+        };
+        let spec = c.to_spec();
+        let rules = spec["linux"]["resources"]["devices"].as_array().unwrap();
+        assert_eq!(rules[0], json!({"allow": false, "access": "rwm"}));
+        assert_eq!(
+            rules[1],
+            json!({"allow": true, "type": "c", "major": 188, "minor": 0, "access": "rw"})
+        );
+        let dev = &spec["linux"]["devices"][0];
+        assert_eq!(dev["path"], "/dev/ttyUSB0");
+        assert_eq!(dev["gid"], 20);
+        assert_eq!(dev["fileMode"], 0o660);
+        // The document is a valid OCI spec for libcontainer.
+        let parsed: oci_spec::runtime::Spec = serde_json::from_value(spec).unwrap();
+        let linux = parsed.linux().as_ref().unwrap();
+        assert_eq!(linux.devices().as_ref().unwrap().len(), 1);
+    }
 
     #[test]
     fn a_target_pid_namespace_is_joined_by_path() {

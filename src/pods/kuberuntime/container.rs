@@ -203,8 +203,39 @@ pub fn container_config(
             .collect(),
         // Resolved by the worker from the runtime cache (it needs IDs).
         pid_target: None,
+        // The device manager's allocation, added by the worker.
+        devices: Vec::new(),
+        annotations: Default::default(),
+        cdi_devices: Vec::new(),
     };
     Ok((cfg, sub_paths))
+}
+
+/// Adds a container's device options (upstream's `GetResources`): the
+/// device nodes, mounts, annotations and CDI devices; the devices' env
+/// before the container's own, which overrides it.
+pub fn apply_devices(cfg: &mut ContainerConfig, opts: &crate::devices::allocate::RunOptions) {
+    cfg.devices
+        .extend(opts.devices.iter().map(|d| kinglet_runtime::Device {
+            host_path: d.host_path.clone(),
+            container_path: d.container_path.clone(),
+            permissions: d.permissions.clone(),
+        }));
+    let mounts = opts.mounts.iter().map(|m| kinglet_runtime::Mount {
+        host_path: m.host_path.clone(),
+        container_path: m.container_path.clone(),
+        readonly: m.read_only,
+        ..Default::default()
+    });
+    cfg.mounts.splice(0..0, mounts);
+    let env = opts.envs.iter().map(|(k, v)| (k.clone(), v.clone()));
+    cfg.env.splice(0..0, env);
+    for (k, v) in &opts.annotations {
+        cfg.annotations
+            .entry(k.clone())
+            .or_insert_with(|| v.clone());
+    }
+    cfg.cdi_devices.extend(opts.cdi_devices.iter().cloned());
 }
 
 /// The CPU and memory settings of `c` as a start makes them and an

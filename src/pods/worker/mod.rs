@@ -67,6 +67,9 @@ pub struct NodeContext {
     /// Image credential provider plugins, when configured.
     pub credential_providers:
         Option<std::sync::Arc<crate::pods::images::providers::CredentialProviders>>,
+    /// The device manager: devices given at admission, applied to each
+    /// container created.
+    pub devices: Option<std::sync::Arc<crate::devices::DeviceManager>>,
 }
 
 impl std::ops::Deref for NodeContext {
@@ -152,6 +155,8 @@ enum ContainerConfigError {
     Files(#[from] FileError),
     #[error("{0}")]
     Blocking(#[from] tokio::task::JoinError),
+    #[error("{0}")]
+    Devices(String),
 }
 
 /// Why a pod's sandbox is refused before the runtime is asked.
@@ -1045,6 +1050,14 @@ impl Worker {
                 .map_err(|e| ContainerConfigError::Spec(e.0))?;
         self.prepare_sub_paths(pod, c, sub_paths).await?;
         let mut cfg = kinglet_runtime::ContainerConfig { pid_target, ..cfg };
+        if let Some(devices) = &self.node.devices {
+            devices
+                .pre_start(&self.uid, &c.name)
+                .await
+                .map_err(ContainerConfigError::Devices)?;
+            let opts = devices.run_options(&self.uid, &c.name);
+            crate::pods::kuberuntime::container::apply_devices(&mut cfg, &opts);
+        }
         let files = self.kubelet_files(pod, c, attempt, &cfg.mounts).await?;
         cfg.mounts.extend(files);
         Ok(cfg)
