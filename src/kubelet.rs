@@ -131,14 +131,21 @@ impl Kubelet {
         Ok(k)
     }
 
-    /// The device manager, restored from its checkpoint, and the built-in
-    /// device classes feeding it.
+    /// The device manager, restored from its checkpoint, and its sources:
+    /// the built-in device classes and the device plugins' registration.
     async fn start_devices(&mut self, s: &Settings) {
+        use crate::devices::{DeviceManager, builtin, plugin};
         let checkpoint = s.root_dir.join("device-manager").join("checkpoint.json");
-        let devices = Arc::new(crate::devices::DeviceManager::load(checkpoint).await);
+        let devices = Arc::new(DeviceManager::load(checkpoint).await);
         let classes = s.device_classes.clone();
-        self.spawn(crate::devices::builtin::run(
+        self.spawn(builtin::run(
             classes,
+            devices.clone(),
+            self.shutdown.clone(),
+        ));
+        let dir = s.device_plugin_dir.clone();
+        self.spawn(plugin::Registrar::run(
+            dir,
             devices.clone(),
             self.shutdown.clone(),
         ));
@@ -243,6 +250,15 @@ impl Kubelet {
             .map(|c| pods::services::Services::start(c, self.shutdown.clone()));
         let status =
             pods::StatusManager::new(status_dir, writer).with_metrics(node_ctx.metrics.clone());
+        if let Some(devices) = &self.devices {
+            let lister = crate::devices::podresources::Lister::run(
+                s.pod_resources_dir.clone(),
+                devices.clone(),
+                status.view(),
+                self.shutdown.clone(),
+            );
+            self.spawn(lister);
+        }
         if let Some(c) = &client {
             let metrics = node_ctx.metrics.clone();
             self.start_server(

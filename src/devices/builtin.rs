@@ -276,8 +276,8 @@ impl Source for ClassSource {
         _: &'a [String],
         _: &'a [String],
         _: usize,
-    ) -> BoxFuture<'a, Vec<String>> {
-        Box::pin(async { Vec::new() })
+    ) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     fn pre_start<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<(), String>> {
@@ -322,7 +322,7 @@ pub async fn run(cfg: DeviceConfig, manager: Arc<DeviceManager>, shutdown: Cance
         let source = Arc::new(ClassSource {
             permissions: c.permissions.clone(),
         });
-        manager.serve(&c.resource, source);
+        let _ = manager.serve(&c.resource, source);
     }
     loop {
         rescan(&cfg, &manager).await;

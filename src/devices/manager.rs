@@ -34,7 +34,7 @@ pub trait Source: Send + Sync {
         available: &'a [String],
         must: &'a [String],
         size: usize,
-    ) -> BoxFuture<'a, Vec<String>>;
+    ) -> BoxFuture<'a, Result<Vec<String>, String>>;
     /// Called before a container with `ids` starts (`PreStartContainer`),
     /// if the source asks for it.
     fn pre_start<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), String>>;
@@ -69,6 +69,9 @@ struct Resource {
     /// plugin went away at `stopped`.
     source: Option<Arc<dyn Source>>,
     stopped: Option<Instant>,
+    /// Which registration serves it: a plugin's stream that ends after the
+    /// plugin registered again does not stop the newer one.
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -77,6 +80,8 @@ struct State {
     /// Resources removed while running: reported with 0 (a merge patch
     /// would keep the old figure).
     gone: BTreeSet<String>,
+    /// The last registration's number.
+    generation: u64,
     /// Pod UID → its containers' grants.
     pods: BTreeMap<String, PodGrants>,
 }
@@ -155,6 +160,7 @@ impl DeviceManager {
                         devices: BTreeMap::new(),
                         source: None,
                         stopped: Some(Instant::now()),
+                        generation: 0,
                     };
                     state.resources.insert(name, r);
                 }
@@ -187,10 +193,13 @@ impl DeviceManager {
     }
 
     /// `resource` is served by `source` from now on (a plugin registered,
-    /// or registered again).
-    pub fn serve(&self, resource: &str, source: Arc<dyn Source>) {
+    /// or registered again); the registration's generation, for
+    /// [`DeviceManager::stopped`].
+    pub fn serve(&self, resource: &str, source: Arc<dyn Source>) -> u64 {
         let mut st = self.lock();
         st.gone.remove(resource);
+        st.generation += 1;
+        let generation = st.generation;
         let r = st
             .resources
             .entry(resource.to_string())
@@ -198,12 +207,15 @@ impl DeviceManager {
                 devices: BTreeMap::new(),
                 source: None,
                 stopped: None,
+                generation,
             });
         r.source = Some(source);
         r.stopped = None;
+        r.generation = generation;
         drop(st);
         info!(resource, "device resource served");
         self.bump();
+        generation
     }
 
     /// The devices of `resource` now, with their health (a plugin's
@@ -221,13 +233,17 @@ impl DeviceManager {
         self.bump();
     }
 
-    /// `resource`'s source went away: its devices are unhealthy, and the
-    /// resource goes after [`STOP_GRACE`] unless it comes back.
-    pub fn stopped(&self, resource: &str) {
+    /// `resource`'s source of `generation` went away: its devices are
+    /// unhealthy, and the resource goes after [`STOP_GRACE`] unless it
+    /// comes back.
+    pub fn stopped(&self, resource: &str, generation: u64) {
         let mut st = self.lock();
         let Some(r) = st.resources.get_mut(resource) else {
             return;
         };
+        if r.generation != generation {
+            return;
+        }
         r.source = None;
         r.stopped = Some(Instant::now());
         r.devices.values_mut().for_each(|h| *h = false);
@@ -308,9 +324,11 @@ impl DeviceManager {
             let ask = ask?;
             let source = self.source(&ask.resource)?;
             let preferred = if ask.needed() > 0 {
-                source
-                    .preferred(&ask.available, &ask.reused, ask.wanted)
-                    .await
+                let p = source.preferred(&ask.available, &ask.reused, ask.wanted);
+                p.await.map_err(|message| AllocateError::Source {
+                    resource: ask.resource.clone(),
+                    message,
+                })?
             } else {
                 Vec::new()
             };

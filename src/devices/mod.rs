@@ -1,13 +1,19 @@
 //! Devices (upstream's `cm/devicemanager` and its neighbours): the device
 //! manager that turns device sources into extended resources and gives
 //! devices to containers at admission ([`manager`], the pure choice in
-//! [`allocate`], the crash-safe [`checkpoint`]), and kinglet's built-in
-//! source of device nodes declared by path ([`builtin`]).
+//! [`allocate`], the crash-safe [`checkpoint`]); its sources: device
+//! plugins registering on `kubelet.sock` ([`plugin`]) and kinglet's
+//! built-in device classes declared by path ([`builtin`]); and the pod
+//! resources API that tells monitoring agents which pod holds what
+//! ([`podresources`]), both gRPC servers on unix sockets ([`grpc`]).
 
 pub mod allocate;
 pub mod builtin;
 pub mod checkpoint;
+mod grpc;
 pub mod manager;
+pub mod plugin;
+pub mod podresources;
 
 pub use manager::{AllocateError, DeviceManager};
 

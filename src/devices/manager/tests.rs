@@ -39,9 +39,9 @@ impl Source for Fake {
         available: &'a [String],
         _: &'a [String],
         _: usize,
-    ) -> BoxFuture<'a, Vec<String>> {
+    ) -> BoxFuture<'a, Result<Vec<String>, String>> {
         // Prefers the last ones.
-        Box::pin(async move { available.iter().rev().cloned().collect() })
+        Box::pin(async move { Ok(available.iter().rev().cloned().collect()) })
     }
 
     fn pre_start<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<(), String>> {
@@ -126,7 +126,14 @@ async fn a_stopped_source_leaves_its_devices_unhealthy_and_a_refusal_is_unexpect
         "Allocate failed due to allocating example.com/resource: plugin said no, which is unexpected"
     );
     assert!(m.grants().is_empty());
-    m.stopped(R);
+    m.stopped(R, 0);
+    assert_eq!(
+        m.capacity()[R],
+        (3, 3),
+        "an older registration's end is not this one's"
+    );
+    let g = m.serve(R, Arc::new(Fake { fail: true }));
+    m.stopped(R, g);
     assert_eq!(m.capacity()[R], (3, 0));
     let err = m.allocate(&pod("p1", "1"), None).await.unwrap_err();
     assert!(
