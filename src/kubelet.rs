@@ -138,11 +138,8 @@ impl Kubelet {
         let checkpoint = s.root_dir.join("device-manager").join("checkpoint.json");
         let devices = Arc::new(DeviceManager::load(checkpoint).await);
         let classes = s.device_classes.clone();
-        self.spawn(builtin::run(
-            classes,
-            devices.clone(),
-            self.shutdown.clone(),
-        ));
+        let follow = builtin::start(classes, devices.clone(), self.shutdown.clone()).await;
+        self.spawn(follow);
         let dir = s.device_plugin_dir.clone();
         self.spawn(plugin::Registrar::run(
             dir,

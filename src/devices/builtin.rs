@@ -4,8 +4,9 @@
 //! without any plugin process (each one is another 20–40 MB on a 512 MB
 //! board). Devices are followed as they come and go with inotify on their
 //! directories (no polling); a device present is healthy. A container given
-//! one gets the device node at the same path and access to it in its device
-//! cgroup, without being privileged.
+//! one gets the device node at the same path (`/dev/<name>` for a node
+//! outside `/dev`) and access to it in its device cgroup, without being
+//! privileged.
 //!
 //! ```yaml
 //! devices:
@@ -258,7 +259,7 @@ impl Source for ClassSource {
         let devices = paths
             .into_iter()
             .map(|p| DeviceSpec {
-                container_path: p.to_string(),
+                container_path: container_path(p),
                 host_path: p.to_string(),
                 permissions: self.permissions.clone(),
             })
@@ -285,6 +286,18 @@ impl Source for ClassSource {
     }
 }
 
+/// Where a device appears in the container: at its own path under
+/// `/dev`, else as `/dev/<name>` (device nodes live in the container's
+/// `/dev`; libcontainer makes them nowhere else).
+fn container_path(host: &str) -> String {
+    if host.starts_with("/dev/") {
+        host.to_string()
+    } else {
+        let name = Path::new(host).file_name().map(|n| n.to_string_lossy());
+        format!("/dev/{}", name.unwrap_or_default())
+    }
+}
+
 /// The device path an ID stands for (`/dev/i2c-1:3` → `/dev/i2c-1`).
 fn device_path(id: &str) -> &str {
     match id.rsplit_once(':') {
@@ -293,12 +306,14 @@ fn device_path(id: &str) -> &str {
     }
 }
 
-/// Offers `cfg`'s classes to `manager` and follows their devices until
-/// `shutdown`.
-pub async fn run(cfg: DeviceConfig, manager: Arc<DeviceManager>, shutdown: CancellationToken) {
-    if cfg.devices.is_empty() {
-        return;
-    }
+/// Offers `cfg`'s classes to `manager` with the devices there now (before
+/// any pod is admitted: a pod that held one before a restart must find it
+/// again), and returns what follows them until `shutdown`.
+pub async fn start(
+    cfg: DeviceConfig,
+    manager: Arc<DeviceManager>,
+    shutdown: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let flags = Flags::CREATE | Flags::DELETE | Flags::MOVED_FROM | Flags::MOVED_TO | Flags::ATTRIB;
     let dirs: BTreeSet<PathBuf> = cfg
         .devices
@@ -309,6 +324,7 @@ pub async fn run(cfg: DeviceConfig, manager: Arc<DeviceManager>, shutdown: Cance
                 .filter_map(|p| pattern(p).ok().map(|(d, _)| d.to_path_buf()))
         })
         .collect();
+    // Watched before the first scan, so nothing made between is missed.
     let mut watches = Vec::new();
     for d in &dirs {
         match DirWatch::new(d, flags) {
@@ -324,12 +340,18 @@ pub async fn run(cfg: DeviceConfig, manager: Arc<DeviceManager>, shutdown: Cance
         });
         let _ = manager.serve(&c.resource, source);
     }
-    loop {
-        rescan(&cfg, &manager).await;
-        if watches.is_empty() {
-            shutdown.cancelled().await;
-            return;
-        }
+    rescan(&cfg, &manager).await;
+    follow(cfg, manager, watches, shutdown)
+}
+
+/// Scans again after each change in the watched directories.
+async fn follow(
+    cfg: DeviceConfig,
+    manager: Arc<DeviceManager>,
+    mut watches: Vec<DirWatch>,
+    shutdown: CancellationToken,
+) {
+    while !watches.is_empty() {
         let (result, i) = {
             let changed =
                 futures::future::select_all(watches.iter_mut().map(|w| Box::pin(w.changed())));
@@ -342,6 +364,7 @@ pub async fn run(cfg: DeviceConfig, manager: Arc<DeviceManager>, shutdown: Cance
             warn!("device directory watch broken: {e}");
             watches.remove(i);
         }
+        rescan(&cfg, &manager).await;
     }
 }
 
@@ -436,5 +459,7 @@ mod tests {
             dir.path().join("tty0").to_str().unwrap()
         );
         assert_eq!(device_path("/dev/i2c-1"), "/dev/i2c-1");
+        assert_eq!(container_path("/dev/serial/by-id/x"), "/dev/serial/by-id/x");
+        assert_eq!(container_path("/srv/boards/tty0"), "/dev/tty0");
     }
 }

@@ -341,8 +341,10 @@ impl PodManager {
 
     /// The device manager's part of admission (upstream's
     /// `GetAllocateResourcesPodAdmitHandler`): the pod's devices, chosen
-    /// and allocated by their sources; the pods no longer active give
-    /// theirs back first, once every source has been read.
+    /// and allocated by their sources. Once every source has been read,
+    /// the pods no longer active (gone, rejected or ended) give theirs back
+    /// first; a pod in the sources not yet started is active (after a
+    /// restart, its devices are in the checkpoint).
     async fn allocate_devices(
         &self,
         uid: &str,
@@ -352,12 +354,14 @@ impl PodManager {
         let Some(devices) = &self.node.devices else {
             return Ok(());
         };
+        let ended = |u: &str| {
+            let phase = self.status.get(u).and_then(|s| s.phase.as_deref());
+            matches!(phase, Some("Succeeded" | "Failed"))
+        };
         let active: Option<BTreeSet<String>> = self.sources.ready().then(|| {
-            let others = self.active_others(uid);
-            others
-                .filter(|u| desired.contains_key(*u))
-                .map(String::from)
-                .collect()
+            let others = desired.keys().filter(|u| *u != uid);
+            let others = others.filter(|u| !self.rejected.contains_key(*u) && !ended(u));
+            others.cloned().collect()
         });
         devices
             .allocate(pod, active.as_ref())

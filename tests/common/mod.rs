@@ -279,21 +279,28 @@ impl Kinglet {
     /// node address, so this goes straight to the node, as metrics-server
     /// does).
     pub fn api_get(&self, path: &str) -> String {
+        match self.try_api_get(path) {
+            Ok(body) => body,
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+
+    /// As [`Kinglet::api_get`], an error status (a container not created
+    /// yet) as `Err` with curl's words.
+    pub fn try_api_get(&self, path: &str) -> Result<String, String> {
         let pki = cluster_dir().join("pki");
         let out = Command::new("curl")
-            .args(["-sfk", "--cert"])
+            .args(["-sSfk", "--cert"])
             .arg(pki.join("admin.crt"))
             .arg("--key")
             .arg(pki.join("admin.key"))
             .arg(format!("https://127.0.0.1:{}{path}", self.api_port))
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "GET {path}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Runs pods with `rt`: with CRI, a private containerd is started (the
@@ -465,6 +472,17 @@ impl Kinglet {
         }
         if !self.extra_args.iter().any(|a| a == "--node-ip") {
             cmd.args(["--node-ip", "127.0.0.1"]);
+        }
+        // Nor the host's device-plugin and pod-resources sockets, nor its
+        // device classes.
+        for (flag, sub) in [
+            ("--device-plugin-dir", "device-plugins"),
+            ("--pod-resources-dir", "pod-resources"),
+            ("--device-config", "devices.yaml"),
+        ] {
+            if !self.extra_args.iter().any(|a| a == flag) {
+                cmd.arg(flag).arg(self.dir.path().join(sub));
+            }
         }
         let child = cmd
             .arg("--config")

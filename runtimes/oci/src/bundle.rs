@@ -163,7 +163,7 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
                 let root = image_source(&input.store, img, &at)?;
                 (contained(&root, &m.image_sub_path)?, true)
             }
-            None => (m.host_path.clone().into(), m.readonly),
+            None => (host_source(&m.host_path)?, m.readonly),
         };
         mounts.push(spec::BindMount {
             source,
@@ -173,6 +173,17 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
         });
     }
     Ok(mounts)
+}
+
+/// A bind mount's source on the host, made a directory if missing, as
+/// containerd's CRI makes it (a device plugin's mount, a hostPath of no
+/// type).
+fn host_source(path: &str) -> Result<PathBuf, RuntimeError> {
+    let p = PathBuf::from(path);
+    if std::fs::symlink_metadata(&p).is_err() {
+        std::fs::create_dir_all(&p).map_err(|e| rt_err(&format!("mount source {path}"), e))?;
+    }
+    Ok(p)
 }
 
 /// An image's filesystem for an image mount: its only layer as it is, an
