@@ -325,9 +325,14 @@ fn plugin_pod(name: &str, node: &str, dir: &Path) -> Pod {
     ))
 }
 
-/// The pod resources API's `List` on `socket`: (pod, container,
-/// resource, device IDs).
-async fn pod_resources(socket: &Path) -> Vec<(String, String, String, Vec<String>)> {
+/// A client of the pod resources API on `socket`, once it is there.
+async fn pod_resources_client(
+    socket: &Path,
+) -> Option<
+    kinglet::devices::podresources::api::pod_resources_lister_client::PodResourcesListerClient<
+        tonic::transport::Channel,
+    >,
+> {
     use kinglet::devices::podresources::api;
     let path = socket.to_path_buf();
     let channel = tonic::transport::Endpoint::from_static("http://localhost")
@@ -340,8 +345,44 @@ async fn pod_resources(socket: &Path) -> Vec<(String, String, String, Vec<String
             }
         }))
         .await
+        .ok()?;
+    Some(api::pod_resources_lister_client::PodResourcesListerClient::new(channel))
+}
+
+/// Waits for the node's own view (the pod resources API's
+/// `GetAllocatableResources`) to have `n` healthy devices of `resource`:
+/// after a restart the Node object still shows the old figures.
+async fn wait_allocatable(socket: &Path, resource: &str, n: usize) {
+    use kinglet::devices::podresources::api;
+    wait_for(
+        &format!("{n} of {resource} in GetAllocatableResources"),
+        Duration::from_secs(60),
+        || async {
+            let mut client = pod_resources_client(socket).await?;
+            let req = api::AllocatableResourcesRequest {};
+            let got = client
+                .get_allocatable_resources(req)
+                .await
+                .ok()?
+                .into_inner();
+            let count = got
+                .devices
+                .iter()
+                .filter(|d| d.resource_name == resource)
+                .count();
+            (count == n).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The pod resources API's `List` on `socket`: (pod, container,
+/// resource, device IDs).
+async fn pod_resources(socket: &Path) -> Vec<(String, String, String, Vec<String>)> {
+    use kinglet::devices::podresources::api;
+    let mut client = pod_resources_client(socket)
+        .await
         .expect("pod resources socket");
-    let mut client = api::pod_resources_lister_client::PodResourcesListerClient::new(channel);
     let list = client
         .list(api::ListPodResourcesRequest {})
         .await
@@ -423,7 +464,7 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     // pod gets the other.
     let _ = k.terminate(Duration::from_secs(10));
     k.spawn();
-    wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
+    wait_allocatable(&pr_socket, SAMPLE, 2).await;
     let again = wait_running(&pods, &a).await;
     let id = |p: &Pod| {
         p.status
