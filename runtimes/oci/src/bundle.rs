@@ -54,9 +54,12 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     let dir = &input.dir;
     let cfg = &input.cfg;
     let overlay = prepare_rootfs(&input.store, dir, &input.image)?;
-    let mounts = mounts(input)?;
-    let devices = crate::devices::resolve(&cfg.devices)?;
+    let mut mounts = mounts(input)?;
+    let mut cdi = devices(cfg)?;
+    mounts.append(&mut cdi.mounts);
     let ic = image_config(&input.store, &input.image);
+    let mut env = environment(&ic, cfg);
+    env.append(&mut cdi.env);
     let (uid, gid) = match (cfg.uid, cfg.gid) {
         (Some(u), g) => (u, g.unwrap_or(0)),
         (None, g) => {
@@ -80,7 +83,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     let sandbox = &input.sandbox;
     let oci = spec::ContainerConfig {
         args,
-        env: environment(&ic, cfg),
+        env,
         cwd,
         uid,
         gid,
@@ -115,8 +118,9 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
         join_uts: smeta.and_then(|m| m.uts.clone()),
         mounts,
         sysctls: cfg.sysctls.clone(),
-        devices,
+        devices: cdi.devices,
         annotations: cfg.annotations.clone(),
+        hooks: cdi.hooks,
     };
     let spec = serde_json::to_vec(&oci.to_spec()).map_err(|e| rt_err("spec", e))?;
     write_private(&dir.join("config.json"), &spec).map_err(|e| rt_err("config.json", e))?;
@@ -173,6 +177,17 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
         });
     }
     Ok(mounts)
+}
+
+/// The container's devices: those given by host path, then what its CDI
+/// devices inject (their nodes after the others, with their env, mounts
+/// and hooks).
+fn devices(cfg: &ContainerConfig) -> Result<crate::cdi::Injected, RuntimeError> {
+    let mut cdi = crate::cdi::inject(&cfg.cdi_devices, &crate::cdi::SPEC_DIRS.map(Path::new))?;
+    let mut nodes = crate::devices::resolve(&cfg.devices)?;
+    nodes.append(&mut cdi.devices);
+    cdi.devices = nodes;
+    Ok(cdi)
 }
 
 /// A bind mount's source on the host, made a directory if missing, as

@@ -20,6 +20,7 @@
 //! `images/` the image store; this file the `Runtime` trait over them.
 
 mod bundle;
+mod cdi;
 pub mod container;
 mod devices;
 mod events;

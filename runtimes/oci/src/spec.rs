@@ -100,6 +100,8 @@ pub struct ContainerConfig {
     /// cgroup (v1 `devices.allow`, v2 libcontainer's eBPF filter).
     pub devices: Vec<DeviceNode>,
     pub annotations: std::collections::BTreeMap<String, String>,
+    /// OCI hooks by name (CDI devices may bring some).
+    pub hooks: std::collections::BTreeMap<String, Vec<Value>>,
 }
 
 /// A device node as the OCI spec's `linux.devices` names it, with the
@@ -132,6 +134,9 @@ impl ContainerConfig {
         });
         if !self.annotations.is_empty() {
             spec["annotations"] = json!(self.annotations);
+        }
+        if !self.hooks.is_empty() {
+            spec["hooks"] = json!(self.hooks);
         }
         // The host's UTS namespace keeps the host's name.
         if !self.host_uts {
