@@ -33,7 +33,10 @@ pub(crate) fn resolve(devices: &[Device]) -> Result<Vec<DeviceNode>, RuntimeErro
             let mut inside: Vec<_> = entries.filter_map(Result::ok).collect();
             inside.sort_by_key(|e| e.file_name());
             for e in inside {
-                let Ok(m) = e.metadata() else { continue };
+                // Followed: a symlink to a device counts as the device.
+                let Ok(m) = std::fs::metadata(e.path()) else {
+                    continue;
+                };
                 let path = Path::new(dest).join(e.file_name());
                 if let Some(n) = node(&m, &path.to_string_lossy(), access) {
                     nodes.push(n);
