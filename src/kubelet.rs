@@ -947,7 +947,8 @@ async fn start_oci(
         "/sys/fs/cgroup",
         puller,
     )
-    .with_log_rotation(log_max_size, log_max_files);
+    .with_log_rotation(log_max_size, log_max_files)
+    .with_cdi_spec_dirs(s.cdi_spec_dirs.clone());
     if !s.cni_conf_dir.as_os_str().is_empty() {
         let cni = kinglet_runtime_oci::network::Cni {
             conf_dir: s.cni_conf_dir.clone(),

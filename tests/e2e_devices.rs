@@ -33,6 +33,13 @@ const BB: &str = "kinglet.test/busybox:1";
 const KT: &str = "devices.kinglet.io/kt";
 const SAMPLE: &str = "example.com/resource";
 
+/// CDI in process (Debian's containerd 1.6 has no CDI: through CRI the
+/// names go to containerd as they are).
+#[tokio::test]
+async fn in_process_a_plugins_cdi_devices_are_injected() {
+    a_plugins_cdi_devices_are_injected(Rt::Oci).await
+}
+
 crate::both_runtimes!(
     built_in_devices_go_to_pods_that_ask_and_no_other,
     a_device_plugin_serves_pods,
@@ -307,8 +314,17 @@ fn sample_plugin_archive() -> &'static Path {
 }
 
 /// The sample plugin as a pod on `node`, its device-plugin dir `dir`
-/// mounted where the plugin expects upstream's.
-fn plugin_pod(name: &str, node: &str, dir: &Path) -> Pod {
+/// mounted where the plugin expects upstream's; with `cdi`, it writes its
+/// CDI spec there (mounted at `/var/run/cdi`) and answers with CDI names.
+fn plugin_pod(name: &str, node: &str, dir: &Path, cdi: Option<&Path>) -> Pod {
+    let (cdi_env, cdi_mount, cdi_volume) = match cdi {
+        Some(c) => (
+            ", {name: CDI_ENABLED, value: '1'}".to_string(),
+            ", {name: cdi, mountPath: /var/run/cdi}".to_string(),
+            format!(", {{name: cdi, hostPath: {{path: {}}}}}", c.display()),
+        ),
+        None => Default::default(),
+    };
     from_yaml(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:
   nodeName: {node}
@@ -317,9 +333,9 @@ fn plugin_pod(name: &str, node: &str, dir: &Path) -> Pod {
   - name: plugin
     image: kinglet.test/sample-device-plugin:1.8.0
     imagePullPolicy: Never
-    env: [{{name: PLUGIN_SOCK_DIR, value: /var/lib/kubelet/device-plugins}}]
-    volumeMounts: [{{name: dp, mountPath: /var/lib/kubelet/device-plugins}}]
-  volumes: [{{name: dp, hostPath: {{path: {}}}}}]
+    env: [{{name: PLUGIN_SOCK_DIR, value: /var/lib/kubelet/device-plugins}}{cdi_env}]
+    volumeMounts: [{{name: dp, mountPath: /var/lib/kubelet/device-plugins}}{cdi_mount}]
+  volumes: [{{name: dp, hostPath: {{path: {}}}}}{cdi_volume}]
 ",
         dir.display()
     ))
@@ -415,9 +431,12 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     wait_ready(&nodes, &name, Duration::from_secs(20)).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let plugin = format!("{name}-plugin");
-    pods.create(&PostParams::default(), &plugin_pod(&plugin, &name, &dp_dir))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &plugin_pod(&plugin, &name, &dp_dir, None),
+    )
+    .await
+    .unwrap();
     wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
 
     // The plugin's Allocate mounts /tmp/<device> into the pod.
@@ -490,9 +509,12 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     // The plugin goes: its devices stay but are unhealthy; back, healthy.
     delete(&pods, &plugin).await;
     wait_devices(&nodes, &name, SAMPLE, ("2", "0")).await;
-    pods.create(&PostParams::default(), &plugin_pod(&plugin, &name, &dp_dir))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &plugin_pod(&plugin, &name, &dp_dir, None),
+    )
+    .await
+    .unwrap();
     wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
     for p in [&a, &b, &c, &plugin] {
         delete(&pods, p).await;
@@ -500,6 +522,43 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     // What the plugin's mounts made on the host (as containerd makes a
     // missing mount source); empty, and the other runtime's test may
     // still use them, so only empty ones go.
+    for d in ["/tmp/Dev-1", "/tmp/Dev-2"] {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+async fn a_plugins_cdi_devices_are_injected(rt: Rt) {
+    let admin = admin().await;
+    let name = unique_name("kl-cdi");
+    let images = [common::pods::busybox_archive(), sample_plugin_archive()];
+    let k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
+    let (dp_dir, cdi_dir) = (
+        k.dir.path().join("device-plugins"),
+        k.dir.path().join("cdi"),
+    );
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let plugin = format!("{name}-plugin");
+    let p = plugin_pod(&plugin, &name, &dp_dir, Some(&cdi_dir));
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
+    // The plugin answers with `example.com/resource=CDI-Dev-N`; its spec
+    // gives the env and a block device node at /tmp/CDI-Dev-N.
+    let script = "echo dev=$CDI_DEVICE; if test -b /tmp/$CDI_DEVICE; then echo node-ok; else echo node-missing; fi; sleep 1000";
+    let a = format!("{name}-a");
+    pods.create(
+        &PostParams::default(),
+        &pod(&a, &name, SAMPLE, 1, script, ""),
+    )
+    .await
+    .unwrap();
+    let log = wait_log_any(&k, &a, &["node-ok", "node-missing"]).await;
+    assert!(log.contains("node-ok") && log.contains("dev=CDI-Dev-"), "{log}");
+    for p in [&a, &plugin] {
+        delete(&pods, p).await;
+    }
     for d in ["/tmp/Dev-1", "/tmp/Dev-2"] {
         let _ = std::fs::remove_dir(d);
     }

@@ -240,6 +240,11 @@ pub struct Flags {
     )]
     pub pod_resources_dir: PathBuf,
 
+    /// Where the in-process runtime finds CDI specs, colon-separated,
+    /// lowest priority first (containerd's `cdi_spec_dirs`).
+    #[arg(long, value_name = "DIRS", default_value = "/etc/cdi:/var/run/cdi")]
+    pub cdi_spec_dirs: String,
+
     /// Container runtime.
     #[arg(long, value_enum, default_value_t = RuntimeKind::Oci)]
     pub runtime: RuntimeKind,
@@ -287,6 +292,8 @@ pub struct Settings {
     pub device_classes: crate::devices::builtin::DeviceConfig,
     pub device_plugin_dir: PathBuf,
     pub pod_resources_dir: PathBuf,
+    /// `--cdi-spec-dirs`.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 impl Flags {
@@ -347,6 +354,12 @@ impl Flags {
             device_classes,
             device_plugin_dir: self.device_plugin_dir.clone(),
             pod_resources_dir: self.pod_resources_dir.clone(),
+            cdi_spec_dirs: self
+                .cdi_spec_dirs
+                .split(':')
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+                .collect(),
             cni_conf_dir: PathBuf::from(&self.cni_conf_dir),
             cni_bin_dirs: self
                 .cni_bin_dir

@@ -479,6 +479,7 @@ impl Kinglet {
             ("--device-plugin-dir", "device-plugins"),
             ("--pod-resources-dir", "pod-resources"),
             ("--device-config", "devices.yaml"),
+            ("--cdi-spec-dirs", "cdi"),
         ] {
             if !self.extra_args.iter().any(|a| a == flag) {
                 cmd.arg(flag).arg(self.dir.path().join(sub));

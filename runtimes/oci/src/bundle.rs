@@ -39,6 +39,8 @@ pub(crate) struct BundleInput {
     pub sandbox: SandboxConfig,
     /// The PID namespace to join (an ephemeral container's target's).
     pub join_pid: Option<PathBuf>,
+    /// Where CDI specs are, lowest priority first.
+    pub cdi_spec_dirs: Vec<PathBuf>,
 }
 
 /// What a made bundle needs remembered.
@@ -55,7 +57,7 @@ pub(crate) fn make(input: &BundleInput) -> Result<Made, RuntimeError> {
     let cfg = &input.cfg;
     let overlay = prepare_rootfs(&input.store, dir, &input.image)?;
     let mut mounts = mounts(input)?;
-    let mut cdi = devices(cfg)?;
+    let mut cdi = devices(cfg, &input.cdi_spec_dirs)?;
     mounts.append(&mut cdi.mounts);
     let ic = image_config(&input.store, &input.image);
     let mut env = environment(&ic, cfg);
@@ -182,8 +184,12 @@ fn mounts(input: &BundleInput) -> Result<Vec<spec::BindMount>, RuntimeError> {
 /// The container's devices: those given by host path, then what its CDI
 /// devices inject (their nodes after the others, with their env, mounts
 /// and hooks).
-fn devices(cfg: &ContainerConfig) -> Result<crate::cdi::Injected, RuntimeError> {
-    let mut cdi = crate::cdi::inject(&cfg.cdi_devices, &crate::cdi::SPEC_DIRS.map(Path::new))?;
+fn devices(
+    cfg: &ContainerConfig,
+    cdi_dirs: &[PathBuf],
+) -> Result<crate::cdi::Injected, RuntimeError> {
+    let dirs: Vec<&Path> = cdi_dirs.iter().map(PathBuf::as_path).collect();
+    let mut cdi = crate::cdi::inject(&cfg.cdi_devices, &dirs)?;
     let mut nodes = crate::devices::resolve(&cfg.devices)?;
     nodes.append(&mut cdi.devices);
     cdi.devices = nodes;

@@ -186,6 +186,8 @@ pub struct OciRuntime {
     /// refreshes its own, so a memory eviction's stats call never waits on
     /// a disk walk more than once in that time.
     writable: Arc<std::sync::Mutex<HashMap<String, (Instant, u64)>>>,
+    /// Where CDI specs are, lowest priority first.
+    cdi_spec_dirs: Vec<PathBuf>,
 }
 
 /// How long a writable-layer measurement stands.
@@ -254,7 +256,15 @@ impl OciRuntime {
             events: events::Events::new(),
             boot_id: procid::boot_id(),
             writable: Arc::default(),
+            cdi_spec_dirs: cdi::SPEC_DIRS.iter().map(PathBuf::from).collect(),
         }
+    }
+
+    /// Reads CDI specs from `dirs` (lowest priority first) instead of
+    /// `/etc/cdi` and `/var/run/cdi`.
+    pub fn with_cdi_spec_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
+        self.cdi_spec_dirs = dirs;
+        self
     }
 
     /// Gives pods their own network through CNI.
@@ -796,6 +806,7 @@ impl Runtime for OciRuntime {
                 cfg: cfg.clone(),
                 sandbox: sandbox.clone(),
                 join_pid,
+                cdi_spec_dirs: self.cdi_spec_dirs.clone(),
             };
             let made = blocking(move || {
                 std::fs::create_dir_all(&input.dir).map_err(|e| rt_err("container dir", e))?;

@@ -87,11 +87,10 @@ impl Device {
         devices
             .into_iter()
             .map(|dev| {
-                if !dev.path().starts_with("/dev") {
-                    tracing::error!(
-                        "{:?} is not a valid device path starting with /dev",
-                        dev.path()
-                    );
+                // kinglet: a device node may be made anywhere in the root
+                // (CDI specs put some outside /dev, and runc makes them);
+                // the path stays inside the root (scoped_join below).
+                if !dev.path().is_absolute() {
                     return Err(DeviceError::InvalidDevicePath(dev.path().to_path_buf()));
                 }
 
