@@ -19,9 +19,8 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::pods::running;
@@ -299,20 +298,6 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     }
 }
 
-/// Upstream's sample device plugin image, built once per test binary.
-fn sample_plugin_archive() -> &'static Path {
-    static A: OnceLock<PathBuf> = OnceLock::new();
-    A.get_or_init(|| {
-        let dir = cluster_dir().join("images");
-        std::fs::create_dir_all(&dir).unwrap();
-        let out = dir.join(format!("sample-device-plugin-{}.tar", std::process::id()));
-        let script = repo().join("tests/images/sample-device-plugin.sh");
-        let st = Command::new(script).arg(&out).status().unwrap();
-        assert!(st.success(), "building the sample device plugin image");
-        out
-    })
-}
-
 /// The sample plugin as a pod on `node`, its device-plugin dir `dir`
 /// mounted where the plugin expects upstream's; with `cdi`, it writes its
 /// CDI spec there (mounted at `/var/run/cdi`) and answers with CDI names.
@@ -423,7 +408,10 @@ async fn pod_resources(socket: &Path) -> Vec<(String, String, String, Vec<String
 async fn a_device_plugin_serves_pods(rt: Rt) {
     let admin = admin().await;
     let name = unique_name("kl-dp");
-    let images = [common::pods::busybox_archive(), sample_plugin_archive()];
+    let images = [
+        common::pods::busybox_archive(),
+        common::pods::sample_device_plugin_archive(),
+    ];
     let mut k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
     let dp_dir = k.dir.path().join("device-plugins");
     let pr_socket = k.dir.path().join("pod-resources/kubelet.sock");
@@ -530,7 +518,10 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
 async fn a_plugins_cdi_devices_are_injected(rt: Rt) {
     let admin = admin().await;
     let name = unique_name("kl-cdi");
-    let images = [common::pods::busybox_archive(), sample_plugin_archive()];
+    let images = [
+        common::pods::busybox_archive(),
+        common::pods::sample_device_plugin_archive(),
+    ];
     let k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
     let (dp_dir, cdi_dir) = (
         k.dir.path().join("device-plugins"),
@@ -555,7 +546,10 @@ async fn a_plugins_cdi_devices_are_injected(rt: Rt) {
     .await
     .unwrap();
     let log = wait_log_any(&k, &a, &["node-ok", "node-missing"]).await;
-    assert!(log.contains("node-ok") && log.contains("dev=CDI-Dev-"), "{log}");
+    assert!(
+        log.contains("node-ok") && log.contains("dev=CDI-Dev-"),
+        "{log}"
+    );
     for p in [&a, &plugin] {
         delete(&pods, p).await;
     }

@@ -3,7 +3,7 @@
 # outside the repo and skipped when cached (see each script):
 #   tests/prebuild.sh tests   what the end-to-end tests need: the control
 #                             plane, the upstream kubelet (the quick bench),
-#                             metrics-server
+#                             metrics-server, the sample device plugin
 #   tests/prebuild.sh later   what the phases after them need: e2e.test and
 #                             the conformance images' programs, kube-proxy
 #                             and CoreDNS, the amd64 VM guest image
@@ -16,7 +16,8 @@ case "${1:-}" in
   tests)
     tests/cluster/build.sh
     tests/bench/build-kubelet.sh
-    tests/cluster/build-metrics-server.sh ;;
+    tests/cluster/build-metrics-server.sh
+    tests/images/sample-device-plugin.sh --build-only ;;
   later)
     tests/conformance/build.sh
     tests/addons/build.sh

@@ -47,6 +47,13 @@ fn build_busybox(stem: &str, args: &[&str]) -> PathBuf {
     build_image("busybox.sh", stem, args)
 }
 
+/// Upstream's sample device plugin (built from its Go module), as
+/// `kinglet.test/sample-device-plugin:<version>`.
+pub fn sample_device_plugin_archive() -> &'static Path {
+    static A: OnceLock<PathBuf> = OnceLock::new();
+    A.get_or_init(|| build_image("sample-device-plugin.sh", "sample-device-plugin", &[]))
+}
+
 fn build_image(script: &str, stem: &str, args: &[&str]) -> PathBuf {
     // In the cluster dir, one file of each kind replaced each run: runs
     // leave nothing behind in /tmp.

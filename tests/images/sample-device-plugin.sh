@@ -5,6 +5,7 @@
 # busybox rootfs (upstream's base is alpine):
 #   sample-device-plugin.sh OUT.tar [NAME]
 #   (NAME: kinglet.test/sample-device-plugin:<version>)
+#   sample-device-plugin.sh --build-only   (the binary into the cache only)
 # ENTRYPOINT as upstream's Dockerfile: /sampledeviceplugin -alsologtostderr.
 set -euo pipefail
 out=${1:?usage: sample-device-plugin.sh OUT.tar [NAME]}
@@ -28,6 +29,7 @@ if [ ! -x "$cache/sampledeviceplugin" ]; then
     -o "$tmp/sampledeviceplugin" "$pkg")
   mv "$tmp/sampledeviceplugin" "$cache/sampledeviceplugin"
 fi
+[ "$out" != --build-only ] || exit 0
 work=$(mktemp -d)
 trap 'rm -rf "$work" ${tmp:+"$tmp"}' EXIT
 umoci init --layout "$work/layout"
