@@ -166,15 +166,22 @@ pub fn prepare(root: &Path) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Keeps the demo's files under its root dir: the CNI conflist kinglet
-/// installs and the pod logs go there unless the flags name other dirs
-/// (the agent's defaults are the host's `/etc/cni/net.d` and
-/// `/var/log/pods`).
+/// installs, the pod logs and the device plugins' and pod resources'
+/// sockets go there unless the flags name other dirs (the agent's
+/// defaults are the host's `/etc/cni/net.d`, `/var/log/pods` and
+/// `/var/lib/kubelet/...`).
 pub fn keep_under_root(flags: &mut crate::config::flags::Flags) {
     if flags.cni_conf_dir == "/etc/cni/net.d" {
         flags.cni_conf_dir = flags.root_dir.join("cni/net.d").display().to_string();
     }
     if flags.pod_log_dir == Path::new("/var/log/pods") {
         flags.pod_log_dir = flags.root_dir.join("logs");
+    }
+    if flags.device_plugin_dir == Path::new("/var/lib/kubelet/device-plugins") {
+        flags.device_plugin_dir = flags.root_dir.join("device-plugins");
+    }
+    if flags.pod_resources_dir == Path::new("/var/lib/kubelet/pod-resources") {
+        flags.pod_resources_dir = flags.root_dir.join("pod-resources");
     }
 }
 

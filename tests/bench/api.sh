@@ -39,7 +39,8 @@ fi
 pid=
 start() {
   "$kbin" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-    --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" "${rt_args[@]}" >>"$work/kinglet.log" 2>&1 &
+    --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" \
+    --device-plugin-dir "$work/device-plugins" --pod-resources-dir "$work/pod-resources" --device-config "$work/devices.yaml" "${rt_args[@]}" >>"$work/kinglet.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do
     kubectl --kubeconfig "$admin" get node "$node" 2>/dev/null | grep -qw Ready && break; sleep 0.2

@@ -71,7 +71,8 @@ start_kinglet_node() {
     runtime_args=(--runtime cri --container-runtime-endpoint "$sock")
   fi
   "$kinglet" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-    --node-ip "$node_ip" --root-dir "$work/root" --pod-log-dir "$work/logs" --cni-conf-dir "$work/net.d" \
+    --node-ip "$node_ip" --root-dir "$work/root" --pod-log-dir "$work/logs" \
+    --device-plugin-dir "$work/device-plugins" --pod-resources-dir "$work/pod-resources" --device-config "$work/devices.yaml" --cni-conf-dir "$work/net.d" \
     "${runtime_args[@]}" >"$log" 2>&1 &
   agent_pid=$!
   for _ in $(seq 1 300); do

@@ -37,7 +37,8 @@ else
   levels=10,30,110
 fi
 "$kbin" --config "$work/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" "${rt_args[@]}" >"$work/kinglet.log" 2>&1 &
+  --node-ip 127.0.0.1 --root-dir "$root" --pod-log-dir "$work/logs" \
+  --device-plugin-dir "$work/device-plugins" --pod-resources-dir "$work/pod-resources" --device-config "$work/devices.yaml" "${rt_args[@]}" >"$work/kinglet.log" 2>&1 &
 pid=$!
 cleanup() {
   set +e

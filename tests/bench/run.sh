@@ -193,7 +193,8 @@ YAML
       local rt_args=(--cni-conf-dir "$dir/net.d")
       [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
       "$kinglet_bin" --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
-        --node-ip 127.0.0.1 --root-dir "$dir/root" --pod-log-dir "$dir/logs" "${rt_args[@]}" \
+        --node-ip 127.0.0.1 --root-dir "$dir/root" --pod-log-dir "$dir/logs" \
+        --device-plugin-dir "$dir/device-plugins" --pod-resources-dir "$dir/pod-resources" --device-config "$dir/devices.yaml" "${rt_args[@]}" \
         >"$dir/agent.log" 2>&1 &
       ;;
   esac
