@@ -121,6 +121,10 @@ fn pod(name: &str, node: &str, resource: &str, n: u32, script: &str, extra: &str
     ))
 }
 
+async fn create(pods: &Api<Pod>, p: Pod) {
+    pods.create(&PostParams::default(), &p).await.unwrap();
+}
+
 async fn wait_running(pods: &Api<Pod>, name: &str) -> Pod {
     wait_for(
         &format!("{name} Running"),
@@ -212,9 +216,7 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     // Outside /dev on the host, so at /dev/<name> in the container.
     let script = "ls /dev; test -b /dev/kt0 && echo x > /dev/kt0 && echo wrote-kt0; sleep 1000";
     let a = format!("{name}-a");
-    pods.create(&PostParams::default(), &pod(&a, &name, KT, 1, script, ""))
-        .await
-        .unwrap();
+    create(&pods, pod(&a, &name, KT, 1, script, "")).await;
     let first = wait_running(&pods, &a).await;
     let log = wait_log(&k, &a, "wrote-kt0").await;
     assert!(log.contains("kt0") && !log.contains("kt1"), "{log}");
@@ -226,12 +228,7 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     );
     let script = "if echo x > /hostdev/kt1; then echo opened; else echo refused; fi; sleep 1000";
     let n = format!("{name}-n");
-    pods.create(
-        &PostParams::default(),
-        &pod(&n, &name, KT, 0, script, &volume),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&n, &name, KT, 0, script, &volume)).await;
     let log = wait_log_any(&k, &n, &["refused", "opened"]).await;
     assert!(
         log.contains("refused") && log.contains("Operation not permitted"),
@@ -240,12 +237,7 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
 
     // More than is free: upstream's reason and message.
     let b = format!("{name}-b");
-    pods.create(
-        &PostParams::default(),
-        &pod(&b, &name, KT, 2, "sleep 1000", ""),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&b, &name, KT, 2, "sleep 1000", "")).await;
     assert_eq!(
         wait_rejected(&pods, &b).await,
         format!(
@@ -266,9 +258,7 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     wait_devices(&nodes, &name, KT, ("2", "2")).await;
     let c = format!("{name}-c");
     let script = "ls /dev; test -b /dev/kt1 && echo x > /dev/kt1 && echo wrote-kt1; sleep 1000";
-    pods.create(&PostParams::default(), &pod(&c, &name, KT, 1, script, ""))
-        .await
-        .unwrap();
+    create(&pods, pod(&c, &name, KT, 1, script, "")).await;
     let log = wait_log(&k, &c, "wrote-kt1").await;
     assert!(!log.contains("kt0"), "{log}");
     let again = wait_running(&pods, &a).await;
@@ -288,9 +278,7 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     delete(&pods, &a).await;
     let e = format!("{name}-e");
     let script = "ls /dev; test -b /dev/kt0 && echo x > /dev/kt0 && echo wrote-kt0; sleep 1000";
-    pods.create(&PostParams::default(), &pod(&e, &name, KT, 1, script, ""))
-        .await
-        .unwrap();
+    create(&pods, pod(&e, &name, KT, 1, script, "")).await;
     let log = wait_log(&k, &e, "wrote-kt0").await;
     assert!(!log.contains("kt1"), "{log}");
     for p in [&n, &b, &c, &e] {
@@ -405,37 +393,67 @@ async fn pod_resources(socket: &Path) -> Vec<(String, String, String, Vec<String
     out
 }
 
+/// A node joined on `rt` with the sample plugin running as a pod (writing
+/// its CDI spec with `cdi`), once its two devices are allocatable.
+struct PluginNode {
+    k: Kinglet,
+    name: String,
+    nodes: Api<Node>,
+    pods: Api<Pod>,
+    plugin: String,
+}
+
+impl PluginNode {
+    async fn start(rt: Rt, prefix: &str, cdi: bool) -> PluginNode {
+        let admin = admin().await;
+        let name = unique_name(prefix);
+        let images = [
+            common::pods::busybox_archive(),
+            common::pods::sample_device_plugin_archive(),
+        ];
+        let k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
+        let cdi_dir = k.dir.path().join("cdi");
+        std::fs::create_dir_all(&cdi_dir).unwrap();
+        let nodes: Api<Node> = Api::all(admin.clone());
+        wait_ready(&nodes, &name, Duration::from_secs(20)).await;
+        let pods: Api<Pod> = Api::namespaced(admin, "default");
+        let plugin = format!("{name}-plugin");
+        let node = PluginNode {
+            k,
+            name,
+            nodes,
+            pods,
+            plugin,
+        };
+        node.start_plugin(cdi.then_some(cdi_dir.as_path())).await;
+        node
+    }
+
+    async fn start_plugin(&self, cdi: Option<&Path>) {
+        let dp_dir = self.k.dir.path().join("device-plugins");
+        create(
+            &self.pods,
+            plugin_pod(&self.plugin, &self.name, &dp_dir, cdi),
+        )
+        .await;
+        wait_devices(&self.nodes, &self.name, SAMPLE, ("2", "2")).await;
+    }
+}
+
 async fn a_device_plugin_serves_pods(rt: Rt) {
-    let admin = admin().await;
-    let name = unique_name("kl-dp");
-    let images = [
-        common::pods::busybox_archive(),
-        common::pods::sample_device_plugin_archive(),
-    ];
-    let mut k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
-    let dp_dir = k.dir.path().join("device-plugins");
+    let PluginNode {
+        mut k,
+        name,
+        nodes,
+        pods,
+        plugin,
+    } = PluginNode::start(rt, "kl-dp", false).await;
     let pr_socket = k.dir.path().join("pod-resources/kubelet.sock");
-    let nodes: Api<Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &name, Duration::from_secs(20)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let plugin = format!("{name}-plugin");
-    pods.create(
-        &PostParams::default(),
-        &plugin_pod(&plugin, &name, &dp_dir, None),
-    )
-    .await
-    .unwrap();
-    wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
 
     // The plugin's Allocate mounts /tmp/<device> into the pod.
     let script = "ls -d /tmp/Dev-* && echo mounted; sleep 1000";
     let a = format!("{name}-a");
-    pods.create(
-        &PostParams::default(),
-        &pod(&a, &name, SAMPLE, 1, script, ""),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&a, &name, SAMPLE, 1, script, "")).await;
     let first = wait_running(&pods, &a).await;
     let log = wait_log(&k, &a, "mounted").await;
     let dev_a = if log.contains("/tmp/Dev-1") {
@@ -455,12 +473,7 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
         "{listed:?}"
     );
     let b = format!("{name}-b");
-    pods.create(
-        &PostParams::default(),
-        &pod(&b, &name, SAMPLE, 2, "sleep 1000", ""),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&b, &name, SAMPLE, 2, "sleep 1000", "")).await;
     assert!(
         wait_rejected(&pods, &b)
             .await
@@ -485,24 +498,15 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     };
     assert_eq!(id(&again), id(&first));
     let c = format!("{name}-c");
-    pods.create(
-        &PostParams::default(),
-        &pod(&c, &name, SAMPLE, 1, script, ""),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&c, &name, SAMPLE, 1, script, "")).await;
     let log = wait_log(&k, &c, "mounted").await;
     assert!(!log.contains(&format!("/tmp/{dev_a}")), "{log}");
 
     // The plugin goes: its devices stay but are unhealthy; back, healthy.
     delete(&pods, &plugin).await;
     wait_devices(&nodes, &name, SAMPLE, ("2", "0")).await;
-    pods.create(
-        &PostParams::default(),
-        &plugin_pod(&plugin, &name, &dp_dir, None),
-    )
-    .await
-    .unwrap();
+    let dp_dir = k.dir.path().join("device-plugins");
+    create(&pods, plugin_pod(&plugin, &name, &dp_dir, None)).await;
     wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
     for p in [&a, &b, &c, &plugin] {
         delete(&pods, p).await;
@@ -516,35 +520,18 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
 }
 
 async fn a_plugins_cdi_devices_are_injected(rt: Rt) {
-    let admin = admin().await;
-    let name = unique_name("kl-cdi");
-    let images = [
-        common::pods::busybox_archive(),
-        common::pods::sample_device_plugin_archive(),
-    ];
-    let k = Kinglet::start_rt(rt, &name, FAST_CONFIG, true, &[], &images);
-    let (dp_dir, cdi_dir) = (
-        k.dir.path().join("device-plugins"),
-        k.dir.path().join("cdi"),
-    );
-    std::fs::create_dir_all(&cdi_dir).unwrap();
-    let nodes: Api<Node> = Api::all(admin.clone());
-    wait_ready(&nodes, &name, Duration::from_secs(20)).await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let plugin = format!("{name}-plugin");
-    let p = plugin_pod(&plugin, &name, &dp_dir, Some(&cdi_dir));
-    pods.create(&PostParams::default(), &p).await.unwrap();
-    wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
+    let PluginNode {
+        k,
+        name,
+        pods,
+        plugin,
+        ..
+    } = PluginNode::start(rt, "kl-cdi", true).await;
     // The plugin answers with `example.com/resource=CDI-Dev-N`; its spec
     // gives the env and a block device node at /tmp/CDI-Dev-N.
     let script = "echo dev=$CDI_DEVICE; if test -b /tmp/$CDI_DEVICE; then echo node-ok; else echo node-missing; fi; sleep 1000";
     let a = format!("{name}-a");
-    pods.create(
-        &PostParams::default(),
-        &pod(&a, &name, SAMPLE, 1, script, ""),
-    )
-    .await
-    .unwrap();
+    create(&pods, pod(&a, &name, SAMPLE, 1, script, "")).await;
     let log = wait_log_any(&k, &a, &["node-ok", "node-missing"]).await;
     assert!(
         log.contains("node-ok") && log.contains("dev=CDI-Dev-"),

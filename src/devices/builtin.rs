@@ -271,19 +271,6 @@ impl Source for ClassSource {
             })
         })
     }
-
-    fn preferred<'a>(
-        &'a self,
-        _: &'a [String],
-        _: &'a [String],
-        _: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, String>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    fn pre_start<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
 }
 
 /// Where a device appears in the container: at its own path under

@@ -28,16 +28,21 @@ pub trait Source: Send + Sync {
     /// What a container needs to use `ids` (the plugin's `Allocate`).
     fn allocate<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<RunOptions, String>>;
     /// The source's choice of `size` among `available`, with `must`
-    /// included (`GetPreferredAllocation`); empty: no preference.
+    /// included (`GetPreferredAllocation`); empty: no preference (the
+    /// default).
     fn preferred<'a>(
         &'a self,
-        available: &'a [String],
-        must: &'a [String],
-        size: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, String>>;
+        _available: &'a [String],
+        _must: &'a [String],
+        _size: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     /// Called before a container with `ids` starts (`PreStartContainer`),
-    /// if the source asks for it.
-    fn pre_start<'a>(&'a self, ids: &'a [String]) -> BoxFuture<'a, Result<(), String>>;
+    /// if the source asks for it; nothing by default.
+    fn pre_start<'a>(&'a self, _ids: &'a [String]) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// Why devices could not be given to a pod; admission refuses it.

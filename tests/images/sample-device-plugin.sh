@@ -10,6 +10,8 @@
 set -euo pipefail
 out=${1:?usage: sample-device-plugin.sh OUT.tar [NAME]}
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 mod=$here/../cluster
 version=$(awk '/^require k8s.io\/kubernetes/ {print $3}' "$mod/go.mod")
 pkg=k8s.io/kubernetes/test/images/sample-device-plugin
@@ -36,15 +38,8 @@ umoci init --layout "$work/layout"
 umoci new --image "$work/layout:img"
 umoci unpack --image "$work/layout:img" "$work/bundle" >/dev/null
 r=$work/bundle/rootfs
-mkdir -p "$r/bin" "$r/etc" "$r/tmp"
-chmod 1777 "$r/tmp"
-cp /bin/busybox "$r/bin/busybox"
-for app in $(/bin/busybox --list); do
-  [ "$app" = busybox ] || ln -sf busybox "$r/bin/$app"
-done
+rootfs "$r"
 cp "$cache/sampledeviceplugin" "$r/sampledeviceplugin"
-printf 'root:x:0:0:root:/root:/bin/sh\n' > "$r/etc/passwd"
-printf 'root:x:0:\n' > "$r/etc/group"
 umoci repack --image "$work/layout:img" "$work/bundle" >/dev/null
 umoci config --image "$work/layout:img" --config.env PATH=/bin \
   --config.entrypoint /sampledeviceplugin --config.cmd -alsologtostderr

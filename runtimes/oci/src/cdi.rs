@@ -9,7 +9,6 @@
 //! with the bundle.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use kinglet_runtime::RuntimeError;
@@ -225,26 +224,12 @@ fn node(n: &Node) -> Result<DeviceNode, RuntimeError> {
     }
     let meta = std::fs::metadata(host)
         .map_err(|e| RuntimeError::Other(format!("CDI device {host}: {e}")))?;
-    let ft = meta.file_type();
-    let kind = if ft.is_char_device() {
-        'c'
-    } else if ft.is_block_device() {
-        'b'
-    } else {
-        return Err(RuntimeError::Other(format!(
-            "CDI device {host}: not a device node"
-        )));
-    };
-    Ok(DeviceNode {
-        path: n.path.clone(),
-        kind,
-        major: u64::from(libc::major(meta.rdev())),
-        minor: u64::from(libc::minor(meta.rdev())),
-        file_mode: n.file_mode.unwrap_or(meta.mode() & 0o7777),
-        uid: n.uid.unwrap_or(meta.uid()),
-        gid: n.gid.unwrap_or(meta.gid()),
-        access,
-    })
+    let mut d = crate::devices::node(&meta, &n.path, &access)
+        .ok_or_else(|| RuntimeError::Other(format!("CDI device {host}: not a device node")))?;
+    d.file_mode = n.file_mode.unwrap_or(d.file_mode);
+    d.uid = n.uid.unwrap_or(d.uid);
+    d.gid = n.gid.unwrap_or(d.gid);
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ fn not_a_device(path: &str, e: std::io::Error) -> RuntimeError {
 
 /// The node `meta` describes at `path`; `None` for anything but a
 /// character or block device.
-fn node(meta: &std::fs::Metadata, path: &str, access: &str) -> Option<DeviceNode> {
+pub(crate) fn node(meta: &std::fs::Metadata, path: &str, access: &str) -> Option<DeviceNode> {
     let ft = meta.file_type();
     let kind = if ft.is_char_device() {
         'c'

@@ -43,10 +43,6 @@ impl Source for Fake {
         // Prefers the last ones.
         Box::pin(async move { Ok(available.iter().rev().cloned().collect()) })
     }
-
-    fn pre_start<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
 }
 
 fn pod(uid: &str, n: &str) -> Pod {
