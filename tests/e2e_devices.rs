@@ -245,8 +245,28 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
         )
     );
 
-    // Hot plug and unplug.
+    // The built-in source's devices in the pod resources API too.
+    let pr_socket = k.dir.path().join("pod-resources/kubelet.sock");
+    let kt0 = dev.join("kt0").display().to_string();
+    let listed = pod_resources(&pr_socket).await;
+    assert!(
+        listed.contains(&(a.clone(), "c".into(), KT.into(), vec![kt0])),
+        "{listed:?}"
+    );
+
+    // Hot plug and unplug, timed (printed, not asserted): to kinglet's own
+    // view (the pod resources API, polled every 5 ms) and to the Node's
+    // allocatable in the API server (polled every 20 ms).
+    let plugged = std::time::Instant::now();
     loops[0].mknod(&dev.join("kt2"));
+    wait_allocatable_every(&pr_socket, KT, 3, Duration::from_millis(5)).await;
+    let seen = plugged.elapsed();
+    wait_node_every(&nodes, &name, KT, "3", Duration::from_millis(20)).await;
+    println!(
+        "figure: device node made → kinglet's allocatable {} ms, → the Node's allocatable {} ms ({rt:?})",
+        seen.as_millis(),
+        plugged.elapsed().as_millis()
+    );
     wait_devices(&nodes, &name, KT, ("3", "3")).await;
     std::fs::remove_file(dev.join("kt2")).unwrap();
     wait_devices(&nodes, &name, KT, ("2", "2")).await;
@@ -342,27 +362,84 @@ async fn pod_resources_client(
 /// `GetAllocatableResources`) to have `n` healthy devices of `resource`:
 /// after a restart the Node object still shows the old figures.
 async fn wait_allocatable(socket: &Path, resource: &str, n: usize) {
+    wait_allocatable_every(socket, resource, n, Duration::from_millis(100)).await
+}
+
+/// As [`wait_allocatable`], asking every `every`.
+async fn wait_allocatable_every(socket: &Path, resource: &str, n: usize, every: Duration) {
     use kinglet::devices::podresources::api;
-    wait_for(
-        &format!("{n} of {resource} in GetAllocatableResources"),
-        Duration::from_secs(60),
-        || async {
-            let mut client = pod_resources_client(socket).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut client = None;
+    while std::time::Instant::now() < deadline {
+        if client.is_none() {
+            client = pod_resources_client(socket).await;
+        }
+        if let Some(c) = client.as_mut() {
             let req = api::AllocatableResourcesRequest {};
-            let got = client
-                .get_allocatable_resources(req)
-                .await
-                .ok()?
-                .into_inner();
-            let count = got
-                .devices
-                .iter()
-                .filter(|d| d.resource_name == resource)
-                .count();
-            (count == n).then_some(())
-        },
-    )
-    .await;
+            if let Ok(got) = c.get_allocatable_resources(req).await {
+                let got = got.into_inner();
+                let count = got
+                    .devices
+                    .iter()
+                    .filter(|d| d.resource_name == resource)
+                    .count();
+                if count == n {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
+    panic!("timed out waiting for {n} of {resource} in GetAllocatableResources");
+}
+
+/// Waits for the Node's allocatable `resource` to be `want`, asking the
+/// API server every `every`.
+async fn wait_node_every(
+    nodes: &Api<Node>,
+    node: &str,
+    resource: &str,
+    want: &str,
+    every: Duration,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let alloc = nodes
+            .get(node)
+            .await
+            .ok()
+            .and_then(|n| n.status?.allocatable);
+        if alloc
+            .and_then(|a| a.get(resource).map(|q| q.0.clone()))
+            .as_deref()
+            == Some(want)
+        {
+            return;
+        }
+        tokio::time::sleep(every).await;
+    }
+    panic!("timed out waiting for {resource} {want} on the Node");
+}
+
+/// When kinglet logged its last line holding `marker` (its log's
+/// timestamps are UTC, RFC 3339).
+fn logged_at(k: &Kinglet, marker: &str) -> Option<jiff::Timestamp> {
+    let log = std::fs::read_to_string(k.dir.path().join("kinglet.log")).ok()?;
+    let line = log.lines().rev().find(|l| l.contains(marker))?;
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// kinglet's own resident memory (`VmRSS`), KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or_default();
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The pod resources API's `List` on `socket`: (pod, container,
@@ -485,6 +562,10 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     let _ = k.terminate(Duration::from_secs(10));
     k.spawn();
     wait_allocatable(&pr_socket, SAMPLE, 2).await;
+    println!(
+        "figure: kinglet's RSS (this test's debug build) with a device plugin and a pod holding a device: {} KiB ({rt:?})",
+        rss_kib(k.pid())
+    );
     let again = wait_running(&pods, &a).await;
     let id = |p: &Pod| {
         p.status
@@ -505,8 +586,16 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
     // The plugin goes: its devices stay but are unhealthy; back, healthy.
     delete(&pods, &plugin).await;
     wait_devices(&nodes, &name, SAMPLE, ("2", "0")).await;
+    // Back: registration (kinglet's log line) → the Node's allocatable
+    // from 0 to 2, polled every 20 ms: printed, not asserted.
     let dp_dir = k.dir.path().join("device-plugins");
     create(&pods, plugin_pod(&plugin, &name, &dp_dir, None)).await;
+    wait_node_every(&nodes, &name, SAMPLE, "2", Duration::from_millis(20)).await;
+    let now = jiff::Timestamp::now();
+    if let Some(registered) = logged_at(&k, "device plugin registered") {
+        let ms = now.duration_since(registered).as_millis();
+        println!("figure: device plugin registered → the Node's allocatable {ms} ms ({rt:?})");
+    }
     wait_devices(&nodes, &name, SAMPLE, ("2", "2")).await;
     for p in [&a, &b, &c, &plugin] {
         delete(&pods, p).await;

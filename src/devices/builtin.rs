@@ -321,20 +321,28 @@ pub async fn start(
             }
         }
     }
-    for c in &cfg.devices {
-        let source = Arc::new(ClassSource {
-            permissions: c.permissions.clone(),
-        });
-        let _ = manager.serve(&c.resource, source);
-    }
-    rescan(&cfg, &manager).await;
-    follow(cfg, manager, watches, shutdown)
+    let generations: Generations = cfg
+        .devices
+        .iter()
+        .map(|c| {
+            let source = Arc::new(ClassSource {
+                permissions: c.permissions.clone(),
+            });
+            (c.resource.clone(), manager.serve(&c.resource, source))
+        })
+        .collect();
+    rescan(&cfg, &manager, &generations).await;
+    follow(cfg, manager, generations, watches, shutdown)
 }
+
+/// Each class's registration with the device manager.
+type Generations = BTreeMap<String, u64>;
 
 /// Scans again after each change in the watched directories.
 async fn follow(
     cfg: DeviceConfig,
     manager: Arc<DeviceManager>,
+    generations: Generations,
     mut watches: Vec<DirWatch>,
     shutdown: CancellationToken,
 ) {
@@ -351,11 +359,11 @@ async fn follow(
             warn!("device directory watch broken: {e}");
             watches.remove(i);
         }
-        rescan(&cfg, &manager).await;
+        rescan(&cfg, &manager, &generations).await;
     }
 }
 
-async fn rescan(cfg: &DeviceConfig, manager: &DeviceManager) {
+async fn rescan(cfg: &DeviceConfig, manager: &DeviceManager, generations: &Generations) {
     let classes = cfg.devices.clone();
     let scans = tokio::task::spawn_blocking(move || {
         classes
@@ -373,7 +381,8 @@ async fn rescan(cfg: &DeviceConfig, manager: &DeviceManager) {
         if !devices.is_empty() || manager.knows(&resource) {
             info!(resource = %resource, devices = found.len(), "device class scanned");
         }
-        manager.update(&resource, devices);
+        let generation = generations.get(&resource).copied().unwrap_or_default();
+        manager.update(&resource, generation, devices);
     }
 }
 

@@ -224,13 +224,14 @@ impl DeviceManager {
     }
 
     /// The devices of `resource` now, with their health (a plugin's
-    /// `ListAndWatch` answer, the built-in source's scan).
-    pub fn update(&self, resource: &str, devices: BTreeMap<String, bool>) {
+    /// `ListAndWatch` answer, the built-in source's scan), from the source
+    /// of `generation`: an older registration's word no longer counts.
+    pub fn update(&self, resource: &str, generation: u64, devices: BTreeMap<String, bool>) {
         let mut st = self.lock();
         let Some(r) = st.resources.get_mut(resource) else {
             return;
         };
-        if r.devices == devices {
+        if r.generation != generation || r.devices == devices {
             return;
         }
         r.devices = devices;

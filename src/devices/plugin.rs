@@ -162,7 +162,7 @@ async fn list_and_watch(
                             .into_iter()
                             .map(|d| (d.id, d.health == HEALTHY))
                             .collect();
-                        manager.update(&resource, devices);
+                        manager.update(&resource, generation, devices);
                     }
                     Ok(None) => break,
                     Err(e) => {

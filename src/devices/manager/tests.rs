@@ -73,8 +73,8 @@ fn devices(ids: &[&str], healthy: bool) -> BTreeMap<String, bool> {
 
 async fn manager(dir: &std::path::Path, fail: bool) -> DeviceManager {
     let m = DeviceManager::load(dir.join("checkpoint.json")).await;
-    m.serve(R, Arc::new(Fake { fail }));
-    m.update(R, devices(&["d1", "d2", "d3"], true));
+    let g = m.serve(R, Arc::new(Fake { fail }));
+    m.update(R, g, devices(&["d1", "d2", "d3"], true));
     m
 }
 
@@ -99,8 +99,8 @@ async fn devices_are_given_with_the_sources_answer_and_kept_across_a_restart() {
     let m = DeviceManager::load(dir.path().join("checkpoint.json")).await;
     assert_eq!(m.capacity()[R], (0, 0));
     assert_eq!(m.run_options("p1", "c").envs["DEVICES"], "d3,d2");
-    m.serve(R, Arc::new(Fake { fail: false }));
-    m.update(R, devices(&["d1", "d2", "d3"], true));
+    let g = m.serve(R, Arc::new(Fake { fail: false }));
+    m.update(R, g, devices(&["d1", "d2", "d3"], true));
     m.allocate(&pod("p1", "2"), None).await.unwrap();
     assert_eq!(m.run_options("p1", "c").envs["DEVICES"], "d3,d2");
     let err = m.allocate(&pod("p2", "2"), None).await.unwrap_err();
@@ -149,9 +149,13 @@ async fn health_changes_are_announced() {
     let m = manager(dir.path(), false).await;
     let mut rx = m.subscribe();
     rx.borrow_and_update();
-    m.update(R, devices(&["d1", "d2", "d3"], true));
+    let g = m.serve(R, Arc::new(Fake { fail: false }));
+    rx.borrow_and_update();
+    m.update(R, g, devices(&["d1", "d2", "d3"], true));
     assert!(!rx.has_changed().unwrap(), "nothing changed");
-    m.update(R, devices(&["d1"], false));
+    m.update(R, g - 1, devices(&["d9"], true));
+    assert!(!rx.has_changed().unwrap(), "an older registration's word");
+    m.update(R, g, devices(&["d1"], false));
     assert!(rx.has_changed().unwrap());
     assert_eq!(m.capacity()[R], (1, 0));
 }
