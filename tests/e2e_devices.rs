@@ -121,6 +121,16 @@ fn pod(name: &str, node: &str, resource: &str, n: u32, script: &str, extra: &str
     ))
 }
 
+/// The first container's ID (the pod runs).
+fn container_id(p: &Pod) -> String {
+    let st = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref());
+    let id = st.and_then(|c| c.first()?.container_id.clone());
+    id.expect("a running container's ID")
+}
+
 async fn create(pods: &Api<Pod>, p: Pod) {
     pods.create(&PostParams::default(), &p).await.unwrap();
 }
@@ -282,17 +292,11 @@ async fn built_in_devices_go_to_pods_that_ask_and_no_other(rt: Rt) {
     let log = wait_log(&k, &c, "wrote-kt1").await;
     assert!(!log.contains("kt0"), "{log}");
     let again = wait_running(&pods, &a).await;
-    let id = |p: &Pod| {
-        p.status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .as_ref()
-            .unwrap()[0]
-            .container_id
-            .clone()
-    };
-    assert_eq!(id(&again), id(&first), "a ran on through the restart");
+    assert_eq!(
+        container_id(&again),
+        container_id(&first),
+        "a ran on through the restart"
+    );
 
     // a's end frees kt0 for the next pod.
     delete(&pods, &a).await;
@@ -567,17 +571,11 @@ async fn a_device_plugin_serves_pods(rt: Rt) {
         rss_kib(k.pid())
     );
     let again = wait_running(&pods, &a).await;
-    let id = |p: &Pod| {
-        p.status
-            .as_ref()
-            .unwrap()
-            .container_statuses
-            .as_ref()
-            .unwrap()[0]
-            .container_id
-            .clone()
-    };
-    assert_eq!(id(&again), id(&first));
+    assert_eq!(
+        container_id(&again),
+        container_id(&first),
+        "a ran on through the restart"
+    );
     let c = format!("{name}-c");
     create(&pods, pod(&c, &name, SAMPLE, 1, script, "")).await;
     let log = wait_log(&k, &c, "mounted").await;
