@@ -1,5 +1,7 @@
 use crate::frame::*;
 
+use bytes::BufMut;
+
 #[derive(Debug, Eq, PartialEq)]
 pub struct Priority {
     stream_id: StreamId,
@@ -32,6 +34,19 @@ impl Priority {
             stream_id: head.stream_id(),
             dependency,
         })
+    }
+
+    /// kinglet: the frame as RFC 9113 section 6.3 lays it out (h2 never
+    /// sends one; upstream's encoder had `unimplemented!()` here).
+    pub fn encode<B: BufMut>(&self, dst: &mut B) {
+        let head = Head::new(Kind::Priority, 0, self.stream_id);
+        head.encode(5, dst);
+        let mut dependency = u32::from(self.dependency.dependency_id);
+        if self.dependency.is_exclusive {
+            dependency |= 1 << 31;
+        }
+        dst.put_u32(dependency);
+        dst.put_u8(self.dependency.weight);
     }
 }
 

@@ -745,12 +745,6 @@ mod test {
         assert_eq!(DEFAULT_MAX_ALLOWED_SIZE, encoder.table.max_size());
     }
 
-    #[test]
-    #[ignore]
-    fn test_evicted_overflow() {
-        // Not sure what the best way to do this is.
-    }
-
     fn encode(e: &mut Encoder, hdrs: Vec<Header<Option<HeaderName>>>) -> BytesMut {
         let mut dst = BytesMut::with_capacity(1024);
         e.encode(hdrs, &mut dst);
