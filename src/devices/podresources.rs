@@ -7,6 +7,7 @@
 //! policies. As upstream, one token bucket (100 a second, 10 at once)
 //! rate-limits every call.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use super::allocate::PodGrants;
 use super::manager::DeviceManager;
 use crate::pods::StatusView;
 
@@ -110,9 +112,11 @@ impl Lister {
             .collect()
     }
 
-    fn resources(&self, pod: &Pod) -> api::PodResources {
+    /// `pod`'s containers with their devices, from `grants` (every pod's,
+    /// read once per call).
+    fn resources(&self, pod: &Pod, grants: &BTreeMap<String, PodGrants>) -> api::PodResources {
         let uid = crate::pods::util::pod_uid(pod);
-        let grants = self.devices.grants().remove(&uid).unwrap_or_default();
+        let grants = grants.get(&uid);
         // As upstream: sidecars, then the app containers.
         let spec = pod.spec.as_ref();
         let inits = spec
@@ -125,7 +129,7 @@ impl Lister {
             .map(|c| api::ContainerResources {
                 name: c.name.clone(),
                 devices: grants
-                    .get(&c.name)
+                    .and_then(|g| g.get(&c.name))
                     .into_iter()
                     .flatten()
                     .flat_map(|(resource, g)| devices(resource, &g.ids))
@@ -162,7 +166,12 @@ impl PodResourcesLister for Lister {
         _: Request<api::ListPodResourcesRequest>,
     ) -> Result<Response<api::ListPodResourcesResponse>, Status> {
         self.admit()?;
-        let pod_resources = self.active().iter().map(|p| self.resources(p)).collect();
+        let grants = self.devices.grants();
+        let pod_resources = self
+            .active()
+            .iter()
+            .map(|p| self.resources(p, &grants))
+            .collect();
         Ok(Response::new(api::ListPodResourcesResponse {
             pod_resources,
         }))
@@ -202,7 +211,7 @@ impl PodResourcesLister for Lister {
             return Err(Status::unknown(why));
         };
         Ok(Response::new(api::GetPodResourcesResponse {
-            pod_resources: Some(self.resources(&pod)),
+            pod_resources: Some(self.resources(&pod, &self.devices.grants())),
         }))
     }
 }

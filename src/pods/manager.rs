@@ -354,13 +354,9 @@ impl PodManager {
         let Some(devices) = &self.node.devices else {
             return Ok(());
         };
-        let ended = |u: &str| {
-            let phase = self.status.get(u).and_then(|s| s.phase.as_deref());
-            matches!(phase, Some("Succeeded" | "Failed"))
-        };
         let active: Option<BTreeSet<String>> = self.sources.ready().then(|| {
             let others = desired.keys().filter(|u| *u != uid);
-            let others = others.filter(|u| !self.rejected.contains_key(*u) && !ended(u));
+            let others = others.filter(|u| !self.rejected.contains_key(*u) && !self.ended(u));
             others.cloned().collect()
         });
         devices
@@ -488,19 +484,10 @@ impl PodManager {
         }
     }
 
-    /// The pods other than `uid` that run or will (upstream's active
-    /// pods): their workers sync and they have not ended.
-    fn active_others<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-        self.workers
-            .in_phase(Phase::Syncing)
-            .map(String::as_str)
-            .filter(move |u| *u != uid)
-            .filter(|u| {
-                !self
-                    .status
-                    .get(u)
-                    .is_some_and(|s| matches!(s.phase.as_deref(), Some("Succeeded" | "Failed")))
-            })
+    /// Whether pod `uid` has ended (its status is `Succeeded` or `Failed`).
+    fn ended(&self, uid: &str) -> bool {
+        let phase = self.status.get(uid).and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Succeeded" | "Failed"))
     }
 
     /// The allocated pods running next to `uid`, as admission counts them.
@@ -509,7 +496,9 @@ impl PodManager {
         uid: &str,
         desired: &'a BTreeMap<String, Pod>,
     ) -> Vec<std::borrow::Cow<'a, Pod>> {
-        self.active_others(uid)
+        self.workers
+            .in_phase(Phase::Syncing)
+            .filter(|u| *u != uid && !self.ended(u))
             .filter_map(|u| desired.get(u).map(|p| self.allocations.allocated(u, p)))
             .collect()
     }
