@@ -10,7 +10,15 @@
 //!   monitor, containerd, shims);
 //! - CPU (ms per minute) of the same, over an idle window at 0 pods and at
 //!   the highest level; the window's wall-clock bounds are reported so API
-//!   requests in it can be counted from the apiserver's audit log.
+//!   requests in it can be counted from the apiserver's audit log;
+//! - bytes written, over the same idle windows, per pod start (the first
+//!   pods, created one after another) and per pod deletion: by the agent
+//!   and by its runtime side (`write_bytes` of /proc/PID/io, what they
+//!   sent to storage; a process that exits in the window takes its count
+//!   with it), and, with BENCH_FS_DEV (a block device's name, e.g. `loop3`)
+//!   set, by the filesystem the node's dirs are on (sectors written to that
+//!   device after a `sync -f` of PATTERN at each end: journal and metadata
+//!   included, what flash wears from).
 //!
 //! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS [IDLE_SECS [JSON_OUT]]]]
 //! PATTERN picks the node's processes by command line (its work dir);
@@ -58,10 +66,13 @@ fn pod(name: &str, node: &str, i: usize) -> Pod {
 
 /// One process of the node.
 struct Proc {
+    pid: u32,
     name: String,
     agent: bool,
     rss: u64,
     pss: u64,
+    /// Bytes it caused to be sent to storage (/proc/PID/io).
+    write_bytes: u64,
     /// CPU time of each live thread, nanoseconds (schedstat), by TID.
     threads: BTreeMap<u64, u64>,
 }
@@ -119,11 +130,25 @@ fn processes(pattern: &str) -> Vec<Proc> {
                 Some((tid, ns))
             })
             .collect();
+        let write_bytes = std::fs::read_to_string(e.path().join("io"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("write_bytes:"))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0);
         out.push(Proc {
+            pid: e
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0),
             agent: name == "kinglet" || name == "kubelet",
             name,
             rss,
             pss,
+            write_bytes,
             threads,
         });
     }
@@ -147,8 +172,70 @@ fn memory(pattern: &str, pods: usize) -> serde_json::Value {
     })
 }
 
+/// What has been written so far: each node process's `write_bytes` (by
+/// PID, with whether it is the agent) and the node filesystem's sectors.
+struct Io {
+    procs: BTreeMap<u32, (bool, u64)>,
+    fs_sectors: Option<u64>,
+}
+
+impl Io {
+    /// Flushes the node's filesystem first (when its device is known), so
+    /// that what was written so far has reached the device.
+    fn now(pattern: &str) -> Io {
+        let dev = std::env::var("BENCH_FS_DEV").ok().filter(|d| !d.is_empty());
+        let fs_sectors = dev.and_then(|d| {
+            let _ = std::process::Command::new("sync")
+                .args(["-f", pattern])
+                .status();
+            // Field 7 of the block layer's stat: sectors (512 bytes) written.
+            std::fs::read_to_string(format!("/sys/block/{d}/stat"))
+                .ok()?
+                .split_whitespace()
+                .nth(6)?
+                .parse()
+                .ok()
+        });
+        let procs = processes(pattern)
+            .into_iter()
+            .map(|p| (p.pid, (p.agent, p.write_bytes)))
+            .collect();
+        Io { procs, fs_sectors }
+    }
+
+    /// Bytes written since `before`: (agent, runtime side, filesystem). A
+    /// process born since counts all it wrote.
+    fn since(&self, before: &Io) -> (u64, u64, Option<u64>) {
+        let (mut agent, mut runtime) = (0, 0);
+        for (pid, (is_agent, w)) in &self.procs {
+            let grown = w.saturating_sub(before.procs.get(pid).map_or(0, |b| b.1));
+            if *is_agent {
+                agent += grown;
+            } else {
+                runtime += grown;
+            }
+        }
+        let fs = self
+            .fs_sectors
+            .zip(before.fs_sectors)
+            .map(|(a, b)| a.saturating_sub(b) * 512);
+        (agent, runtime, fs)
+    }
+}
+
+/// Bytes written per event (pod start, pod deletion) over `n` of them.
+fn per_event(after: &Io, before: &Io, n: usize) -> serde_json::Value {
+    let (agent, runtime, fs) = after.since(before);
+    let n = n.max(1) as u64;
+    json!({
+        "events": n, "agent_bytes": agent / n, "runtime_bytes": runtime / n,
+        "fs_bytes": fs.map(|f| f / n),
+    })
+}
+
 /// CPU milliseconds per minute of the agent and of its runtime side over
-/// `secs` of idling, with the window's wall-clock bounds (unix seconds).
+/// `secs` of idling, with the window's wall-clock bounds (unix seconds),
+/// and the bytes they wrote.
 async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
     // Per thread: a thread that exits in the window (tokio's blocking pool
     // lets idle threads go after 10 s) must not take its earlier run time
@@ -161,11 +248,13 @@ async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
             .flat_map(|p| p.threads)
             .collect()
     };
+    let io0 = Io::now(pattern);
     let (a0, r0) = (threads(true), threads(false));
     let start = jiff::Timestamp::now().as_second();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let end = jiff::Timestamp::now().as_second();
     let (a1, r1) = (threads(true), threads(false));
+    let (agent_w, runtime_w, fs_w) = Io::now(pattern).since(&io0);
     let grown = |before: &BTreeMap<u64, u64>, after: &BTreeMap<u64, u64>| -> u64 {
         after
             .iter()
@@ -177,6 +266,9 @@ async fn idle_cpu(pattern: &str, secs: u64, pods: usize) -> serde_json::Value {
         "pods": pods, "seconds": secs, "start_unix": start, "end_unix": end,
         "agent_cpu_ms_per_min": per_min(grown(&a0, &a1)),
         "runtime_cpu_ms_per_min": per_min(grown(&r0, &r1)),
+        "agent_write_bytes_per_min": agent_w * 60 / secs,
+        "runtime_write_bytes_per_min": runtime_w * 60 / secs,
+        "fs_write_bytes_per_min": fs_w.map(|f| f * 60 / secs),
     })
 }
 
@@ -235,6 +327,9 @@ struct Figures {
     delete_ms: Vec<f64>,
     memory: Vec<serde_json::Value>,
     cpu: Vec<serde_json::Value>,
+    /// Bytes written per pod start and per pod deletion.
+    writes_start: Option<serde_json::Value>,
+    writes_delete: Option<serde_json::Value>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -282,6 +377,13 @@ async fn main() {
 async fn create_all(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &mut Figures) {
     let mut created: HashMap<String, Instant> = HashMap::new();
     let total = args.total();
+    // Writes per pod start: over the first pods, up to the first level,
+    // until 3 s after the last of them runs (what a start writes late).
+    let sample = args
+        .pods
+        .min(args.levels.first().copied().unwrap_or(total))
+        .min(total);
+    let io0 = Io::now(&args.pattern);
     for i in 0..total {
         let name = format!("bench-{i}");
         let t = Instant::now();
@@ -290,6 +392,10 @@ async fn create_all(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &
             .unwrap();
         created.insert(name.clone(), t);
         wait_running(&name, args.pods, stream, &mut created, &mut fig.startup_ms).await;
+        if i + 1 == sample {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            fig.writes_start = Some(per_event(&Io::now(&args.pattern), &io0, sample));
+        }
         if args.levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
             fig.memory.push(memory(&args.pattern, i + 1));
@@ -340,6 +446,8 @@ async fn delete_some(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: 
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(args.pods);
+    let io0 = Io::now(&args.pattern);
+    let mut deleted = 0;
     for i in 0..args.pods.min(args.total()).min(deletes) {
         let name = format!("bench-{i}");
         let t = Instant::now();
@@ -352,6 +460,7 @@ async fn delete_some(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: 
                     if p.metadata.name.as_deref() == Some(&name) =>
                 {
                     fig.delete_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                    deleted += 1;
                     break;
                 }
                 Some(_) => {}
@@ -359,6 +468,9 @@ async fn delete_some(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: 
             }
         }
     }
+    // What a deletion writes late (records removed, logs closed).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fig.writes_delete = Some(per_event(&Io::now(&args.pattern), &io0, deleted));
 }
 
 fn print(fig: &Figures) {
@@ -406,6 +518,24 @@ fn print(fig: &Figures) {
             c["agent_cpu_ms_per_min"].as_f64().unwrap_or(0.0),
             c["runtime_cpu_ms_per_min"].as_f64().unwrap_or(0.0)
         );
+        println!(
+            "idle writes at {} pods: agent {} B/min, runtime side {} B/min, node filesystem {} B/min",
+            c["pods"],
+            c["agent_write_bytes_per_min"],
+            c["runtime_write_bytes_per_min"],
+            c["fs_write_bytes_per_min"]
+        );
+    }
+    for (what, w) in [
+        ("start", &fig.writes_start),
+        ("deletion", &fig.writes_delete),
+    ] {
+        if let Some(w) = w {
+            println!(
+                "writes per pod {what} ({} pods): agent {} B, runtime side {} B, node filesystem {} B",
+                w["events"], w["agent_bytes"], w["runtime_bytes"], w["fs_bytes"]
+            );
+        }
     }
 }
 
@@ -416,6 +546,7 @@ fn write_json(path: &str, fig: &Figures) {
         "startup_p99_ms": pct(lat, 0.99),
         "delete_ms": del, "delete_p50_ms": pct(del, 0.5), "delete_p90_ms": pct(del, 0.9),
         "memory": fig.memory, "cpu": fig.cpu,
+        "writes_per_start": fig.writes_start, "writes_per_delete": fig.writes_delete,
     });
     std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
 }

@@ -41,6 +41,8 @@ fn quick_benchmark_measures_all_three_nodes() {
             "pod startup p50",
             "pod startup p99",
             "pod deletion p50",
+            // Every pod start writes its sandbox and container to disk.
+            "writes per pod start: node filesystem",
         ] {
             assert!(
                 value(metric).as_f64().is_some_and(|v| v > 0.0),
@@ -54,6 +56,10 @@ fn quick_benchmark_measures_all_three_nodes() {
             "API requests idle at 0 pods",
             "API requests idle at 10 pods",
             "CPU idle at 10 pods: agent",
+            "writes idle at 0 pods: agent",
+            "writes idle at 10 pods: node filesystem",
+            "writes per pod start: agent",
+            "writes per pod deletion: runtime side",
         ] {
             assert!(
                 value(metric).as_f64().is_some_and(|v| v >= 0.0),

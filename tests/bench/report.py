@@ -94,6 +94,15 @@ for lv in cpu_levels:
     add(f"CPU {label}: agent", "ms/min", lambda n, lv=lv: cpu_at(n, lv, "agent_cpu_ms_per_min"))
     add(f"CPU {label}: runtime side", "ms/min", lambda n, lv=lv: cpu_at(n, lv, "runtime_cpu_ms_per_min"))
     add(f"API requests {label}", "req/min", lambda n, lv=lv: cpu_at(n, lv, "api_requests_per_min"))
+for lv in cpu_levels:
+    label = f"idle at {lv} pods"
+    for side, key in (("agent", "agent"), ("runtime side", "runtime"), ("node filesystem", "fs")):
+        add(f"writes {label}: {side}", "KiB/min",
+            lambda n, lv=lv, key=key: cpu_at(n, lv, f"{key}_write_bytes_per_min") / 1024.0)
+for event, field in (("start", "writes_per_start"), ("deletion", "writes_per_delete")):
+    for side, key in (("agent", "agent"), ("runtime side", "runtime"), ("node filesystem", "fs")):
+        add(f"writes per pod {event}: {side}", "KiB",
+            lambda n, field=field, key=key: n[field][f"{key}_bytes"] / 1024.0)
 add("pod startup p50", "ms", lambda n: n["startup_p50_ms"])
 add("pod startup p90", "ms", lambda n: n["startup_p90_ms"])
 add("pod startup p99", "ms", lambda n: n["startup_p99_ms"])

@@ -10,7 +10,12 @@
 # side at 0 pods and at each level; idle CPU (ms/min) at 0 pods and at the
 # top level; pod startup latency p50/p90/p99 (created → Running via a
 # watch, image present); deletion latency; API requests per minute at steady
-# state (the apiserver's audit log, by node user).
+# state (the apiserver's audit log, by node user); bytes written at idle,
+# per pod start and per pod deletion, by the agent, by its runtime side and
+# to the node's filesystem: each node's dirs (root, state, container logs,
+# containerd's root and state) on an ext4 filesystem of their own on a loop
+# device (journal included, as on a board's SD card), the agents' own logs
+# on tmpfs (journald's business, not counted).
 # Then (full run), or alone with --pressure, the memory-pressure reaction
 # (pressure.py): each node's pods' cgroup capped at 600 MiB by node
 # allocatable, the hard threshold allocatableMemory.available<150Mi, pods
@@ -65,6 +70,7 @@ kubelet=$(tests/bench/build-kubelet.sh | tail -n1)
 admin=$(tests/cluster/up.sh | tail -n1)
 mkdir -p "$out"
 work=$(mktemp -d /tmp/kinglet-bench.XXXXXX)
+logs=$(mktemp -d /dev/shm/kinglet-bench.XXXXXX)
 tests/images/busybox.sh "$work/busybox.tar" >/dev/null
 
 # The upstream kubelet sets kernel tunables when it starts; put them back.
@@ -72,7 +78,7 @@ sysctls=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops 
 declare -A saved
 for s in "${sysctls[@]}"; do saved[$s]=$(cat "/proc/sys/$s" 2>/dev/null || true); done
 
-agent_pid="" node="" dir=""
+agent_pid="" node="" dir="" loopdev=""
 stop_node() {
   set +e
   [ -n "$node" ] || return 0
@@ -100,7 +106,12 @@ stop_node() {
     [ -d "$h$node" ] && find "$h$node" -depth -type d -exec rmdir {} + 2>/dev/null
   done
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1
-  agent_pid="" node=""
+  if [ -n "$loopdev" ]; then
+    umount "$dir" 2>/dev/null || umount -l "$dir"
+    losetup -d "$loopdev"
+    rm -f "$dir.img"
+  fi
+  agent_pid="" node="" loopdev=""
   set -e
 }
 finish() {
@@ -108,7 +119,7 @@ finish() {
   for s in "${sysctls[@]}"; do
     [ -n "${saved[$s]}" ] && echo "${saved[$s]}" > "/proc/sys/$s" 2>/dev/null
   done
-  rm -rf "$work"
+  rm -rf "$work" "$logs"
 }
 trap finish EXIT
 
@@ -128,6 +139,14 @@ run_node() {
   local kind=$1
   dir=$work/$kind
   node=bench-$kind-$$
+  log=$logs/$kind.log
+  # The node's own filesystem: 4 GiB, ext4 with its journal, every inode
+  # table written now (no lazy initialisation writing in the windows).
+  mkdir -p "$dir"
+  truncate -s 4G "$dir.img"
+  mkfs.ext4 -q -F -N 65536 -E lazy_itable_init=0,lazy_journal_init=0 "$dir.img"
+  loopdev=$(losetup -f --show "$dir.img")
+  mount "$loopdev" "$dir"
   mkdir -p "$dir/logs"
   local kc
   kc=$(tests/cluster/node-kubeconfig.sh "$node" | tail -n1)
@@ -141,6 +160,12 @@ run_node() {
   fi
   case $kind in
     kubelet-containerd | kinglet-cri)
+      # containerd's state dir on tmpfs, as /run/containerd is on a host,
+      # and its log with the agents' (kinglet keeps its runtime state on
+      # disk: its pods come back after an offline reboot).
+      mkdir -p "$dir/containerd/state"
+      mount -t tmpfs -o size=256m,mode=0711 tmpfs "$dir/containerd/state"
+      ln -s "$logs/$kind.containerd.log" "$dir/containerd/containerd.log"
       endpoint=$(tests/cluster/containerd-up.sh "$dir/containerd" | tail -n1)
       ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null
       bridge=$(tr -d '\n ' < "$dir/containerd/net.d/10-kinglet-test.conflist" | grep -o '"bridge":"[^"]*"' | cut -d'"' -f4)
@@ -184,7 +209,7 @@ YAML
       fi
       "$kubelet" --kubeconfig "$kc" --config "$dir/config.yaml" --root-dir "$dir/root" \
         --cert-dir "$dir/pki" --hostname-override "$node" --node-ip 127.0.0.1 --v 1 \
-        >"$dir/agent.log" 2>&1 &
+        >"$log" 2>&1 &
       ;;
     kinglet-oci | kinglet-cri)
       printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
@@ -195,12 +220,12 @@ YAML
       "$kinglet_bin" --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
         --node-ip 127.0.0.1 --root-dir "$dir/root" --pod-log-dir "$dir/logs" \
         --device-plugin-dir "$dir/device-plugins" --pod-resources-dir "$dir/pod-resources" --device-config "$dir/devices.yaml" "${rt_args[@]}" \
-        >"$dir/agent.log" 2>&1 &
+        >"$log" 2>&1 &
       ;;
   esac
   agent_pid=$!
   if ! wait_ready "$node"; then
-    tail -20 "$dir/agent.log" >&2
+    tail -20 "$log" >&2
     local result=$work/$kind.json
     [ "$pressure" = 1 ] && result=$work/$kind.pressure.json
     echo "{\"node\": \"$kind\", \"error\": \"not Ready\"}" > "$result"
@@ -209,12 +234,12 @@ YAML
   fi
   echo "== $kind" >&2
   if [ "$pressure" = 1 ]; then
-    python3 tests/bench/pressure.py "$admin" "$node" "$dir/agent.log" \
+    python3 tests/bench/pressure.py "$admin" "$node" "$log" \
       "/sys/fs/cgroup/memory/$node/kubepods" "$work/$kind.pressure.json" 20 100 500 >&2 || true
     stop_node
     return 0
   fi
-  "$bench_pods" "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
+  BENCH_FS_DEV=$(basename "$loopdev") "$bench_pods" "$admin" "$node" "$dir" "$pods" "$levels" "$idle" "$dir/result.json" >&2
   # Sizes: the agent, and the runtime side's executables.
   local agent_bin runtime_bins=()
   case $kind in
