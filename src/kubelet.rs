@@ -332,10 +332,10 @@ impl Kubelet {
         pod_tx: tokio::sync::mpsc::Sender<pods::config::SourceUpdate>,
     ) {
         if let Some(client) = client {
-            let checkpoint = pods::config::api::Checkpoint {
+            let checkpoint = pods::config::api::Checkpoint::new(
                 store,
-                legacy: s.root_dir.join("pods").join("api-checkpoint.json"),
-            };
+                s.root_dir.join("pods").join("api-checkpoint.json"),
+            );
             let watch = pods::config::api::watch(
                 client,
                 s.node_name.clone(),
@@ -1024,6 +1024,7 @@ fn joined_before(root: &Path) -> bool {
         || root.join("api-checkpoint.json").exists()
         || kept("api/pods")
         || kept("node")
+        || std::fs::read_dir(root.join("store/api-pods")).is_ok_and(|mut d| d.next().is_some())
 }
 
 #[cfg(test)]
@@ -1036,6 +1037,10 @@ mod tests {
         assert!(!joined_before(dir.path()));
         let st = crate::store::LocalStore::open(dir.path()).unwrap();
         st.put_node("api/pods", b"[]").unwrap();
+        assert!(joined_before(dir.path()));
+        let dir = tempfile::tempdir().unwrap();
+        let st = crate::store::LocalStore::open(dir.path()).unwrap();
+        st.put_member("api-pods", "u1", b"{}").unwrap();
         assert!(joined_before(dir.path()));
     }
 

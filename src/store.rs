@@ -5,9 +5,11 @@
 //!
 //! Layout: `<root>/store/pods/<pod uid>/<sha256 of kind/namespace/name>`,
 //! one file per value, kept with the pod and removed with it; and the
-//! node's own values, `<root>/store/node/<sha256 of name>`: the last
-//! snapshot of the API pods bound to the node (`api/pods`, which replaced
-//! the plain `api-checkpoint.json` of earlier versions: it is migrated at
+//! node's own values, `<root>/store/node/<sha256 of name>`; and the node's
+//! sets of values, `<root>/store/<set>/<key>`, one file a member, so that a
+//! change rewrites one member alone: the API pods bound to the node
+//! (`api-pods/<pod uid>`, which replaced the whole snapshot `node/api/pods`
+//! and, before it, the plain `api-checkpoint.json`: both are migrated at
 //! start). Every file is
 //! sealed with ChaCha20-Poly1305 under a node-local key (`<root>/store/key`,
 //! 32 random bytes, 0600), its name bound in as associated data so that no
@@ -42,6 +44,8 @@ pub enum StoreError {
     Random,
     #[error("the store's blocking task failed")]
     Task,
+    #[error("{key:?}: not a key of a store set")]
+    BadKey { key: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -141,6 +145,61 @@ impl LocalStore {
     pub fn get_node(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let (path, aad) = self.node_file(name);
         self.open_from(path, &aad)
+    }
+
+    /// Forgets the node's `name`.
+    pub fn remove_node(&self, name: &str) {
+        let _ = std::fs::remove_file(self.node_file(name).0);
+    }
+
+    /// The file of member `key` of the node's set `set`, and the name
+    /// sealed into it. Keys are plain names (a pod UID): nothing that
+    /// could leave the set's dir or pass for a temp file.
+    fn member_file(&self, set: &str, key: &str) -> Result<(PathBuf, String), StoreError> {
+        let plain = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if key.is_empty() || key.len() > 128 || !key.chars().all(plain) {
+            return Err(StoreError::BadKey { key: key.into() });
+        }
+        Ok((self.dir.join(set).join(key), format!("{set}/{key}")))
+    }
+
+    /// Keeps `value` as member `key` of the node's set `set` (blocking).
+    pub fn put_member(&self, set: &str, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let (path, aad) = self.member_file(set, key)?;
+        self.seal_to(&path, &aad, value)
+    }
+
+    /// Forgets member `key` of `set` (blocking).
+    pub fn remove_member(&self, set: &str, key: &str) {
+        if let Ok((path, _)) = self.member_file(set, key) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Every member of `set` that opens, by key (blocking). A member that
+    /// does not open (damaged, another node's) is logged and skipped; a
+    /// temp file a power cut left is removed.
+    pub fn members(&self, set: &str) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.dir.join(set))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok((path, aad)) = self.member_file(set, &name) else {
+                if name.ends_with(".tmp") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            };
+            match self.open_from(path, &aad) {
+                Ok(Some(v)) => out.push((name, v)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "a kept value does not open; skipped"),
+            }
+        }
+        out
     }
 
     /// Seals `value` with `aad` bound in and writes it whole to `path`.
@@ -259,6 +318,40 @@ impl LocalStore {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn set_members_are_kept_one_file_each() {
+        let d = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(d.path()).unwrap();
+        s.put_member("api-pods", "uid-1", b"one").unwrap();
+        s.put_member("api-pods", "uid-2", b"two").unwrap();
+        s.put_member("api-pods", "uid-2", b"two'").unwrap();
+        let mut m = s.members("api-pods");
+        m.sort();
+        assert_eq!(
+            m,
+            vec![
+                ("uid-1".into(), b"one".to_vec()),
+                ("uid-2".into(), b"two'".to_vec())
+            ]
+        );
+        s.remove_member("api-pods", "uid-1");
+        assert_eq!(s.members("api-pods").len(), 1);
+        // A member moved under another key does not open; leftovers and
+        // keys that could leave the dir are refused or skipped.
+        let dir = d.path().join("store/api-pods");
+        std::fs::copy(dir.join("uid-2"), dir.join("uid-3")).unwrap();
+        std::fs::write(dir.join("uid-4.tmp"), b"half").unwrap();
+        assert_eq!(s.members("api-pods").len(), 1);
+        assert!(!dir.join("uid-4.tmp").exists());
+        for bad in ["", "..", "../x", "a/b", "x.tmp"] {
+            assert!(matches!(
+                s.put_member("api-pods", bad, b"v"),
+                Err(StoreError::BadKey { .. })
+            ));
+        }
+        assert!(s.members("none").is_empty());
+    }
 
     #[test]
     fn values_are_sealed_kept_whole_and_bound_to_their_name() {

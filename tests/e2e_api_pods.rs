@@ -533,7 +533,7 @@ async fn env_reads_configmaps_and_secrets_through_the_node_authorizer(rt: Rt) {
     // clear): no file of the store holds it.
     let found = String::from_utf8_lossy(&by_root.stdout).into_owned();
     assert!(!found.contains("/store/"), "in clear in the store: {found}");
-    let checkpoint = std::fs::read_dir(root.join("store/node"))
+    let checkpoint = std::fs::read_dir(root.join("store/api-pods"))
         .unwrap()
         .next()
         .expect("the checkpoint in the store")

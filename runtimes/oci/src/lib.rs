@@ -850,7 +850,7 @@ impl Runtime for OciRuntime {
                     Ok(())
                 })
                 .await;
-                let _ = self.store.touch(&image.id);
+                self.store.touch(&image.id);
                 return Ok(id);
             }
             let req = Request::Create {
@@ -866,7 +866,7 @@ impl Runtime for OciRuntime {
                 self.teardown_container_dir(&id).await;
                 return Err(RuntimeError::Other(e.to_string()));
             }
-            let _ = self.store.touch(&image.id);
+            self.store.touch(&image.id);
             Ok(id)
         })
     }

@@ -1,12 +1,13 @@
 //! The API pod source: a watch of the pods bound to this node
 //! (`spec.nodeName`), sent as whole snapshots, and checkpointed in the
-//! local store (sealed, `api/pods`) so the pods come back after a reboot
-//! while the control plane is unreachable.
+//! local store (sealed, one member a pod in the set `api-pods`) so the
+//! pods come back after a reboot while the control plane is unreachable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hasher;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -29,7 +30,7 @@ use crate::pods::status::api_writer::is_mirror;
 pub async fn watch(
     client: Client,
     node_name: String,
-    checkpoint: Checkpoint,
+    mut checkpoint: Checkpoint,
     tx: mpsc::Sender<SourceUpdate>,
     shutdown: CancellationToken,
 ) {
@@ -118,57 +119,192 @@ impl PodSet {
     }
 }
 
-/// Where the last snapshot is kept: the local store (`api/pods`), or the
-/// plain file of earlier versions, read once, moved into the store and
-/// removed. Without a store (it could not be opened) the plain file stays
-/// in use.
+/// Where the last snapshot is kept: the local store's set `api-pods`, one
+/// sealed member a pod, each pod in the form [`kept_form`] gives it, so
+/// that a pod's start or end rewrites its own member and nothing else
+/// (a whole snapshot rewritten at every watch event cost the flash a
+/// write of every pod's object for each status change of any pod).
+/// Earlier versions' forms are read once and replaced: the whole snapshot
+/// in the store (`api/pods`) and the plain file before it. Without a store
+/// (it could not be opened) the plain file stays in use.
 pub struct Checkpoint {
-    pub store: Option<std::sync::Arc<crate::store::LocalStore>>,
-    pub legacy: std::path::PathBuf,
+    store: Option<std::sync::Arc<crate::store::LocalStore>>,
+    legacy: std::path::PathBuf,
+    /// What each kept member holds (a hash of its bytes).
+    kept: HashMap<String, u64>,
+    /// An earlier version's form was read: it goes after the first write.
+    migrate: bool,
 }
 
 const STORED: &str = "api/pods";
+const SET: &str = "api-pods";
+
+/// What of a pod is kept to run it again without the API server: the
+/// object without its managed fields and resource version, and of its
+/// status only what kinglet does not write itself and still needs: the
+/// conditions of its readiness gates, and the phase once it has ended
+/// (so that a finished pod is not run again). The rest of the status
+/// changes with every start and probe, and kinglet makes it anew.
+pub fn kept_form(pod: &Pod) -> Pod {
+    let mut p = pod.clone();
+    p.metadata.managed_fields = None;
+    p.metadata.resource_version = None;
+    let gates: Vec<&str> = (pod.spec.iter())
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|g| g.condition_type.as_str())
+        .collect();
+    p.status = pod.status.as_ref().and_then(|s| {
+        let conditions: Vec<PodCondition> = (s.conditions.iter().flatten())
+            .filter(|c| gates.contains(&c.type_.as_str()))
+            .cloned()
+            .collect();
+        let phase = s
+            .phase
+            .clone()
+            .filter(|ph| ph == "Succeeded" || ph == "Failed");
+        (phase.is_some() || !conditions.is_empty()).then(|| PodStatus {
+            phase,
+            conditions: (!conditions.is_empty()).then_some(conditions),
+            ..Default::default()
+        })
+    });
+    p
+}
+
+fn hash(data: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(data);
+    h.finish()
+}
 
 impl Checkpoint {
-    /// The last snapshot, migrating the plain file into the store.
-    async fn read(&self) -> Option<Vec<Pod>> {
+    pub fn new(
+        store: Option<std::sync::Arc<crate::store::LocalStore>>,
+        legacy: std::path::PathBuf,
+    ) -> Checkpoint {
+        Checkpoint {
+            store,
+            legacy,
+            kept: HashMap::new(),
+            migrate: false,
+        }
+    }
+
+    /// The last snapshot: the store's members, else an earlier version's
+    /// form (replaced at the next write).
+    async fn read(&mut self) -> Option<Vec<Pod>> {
         let (store, legacy) = (self.store.clone(), self.legacy.clone());
-        let raw = tokio::task::spawn_blocking(move || -> Option<Vec<u8>> {
-            if let Some(st) = &store {
-                match st.get_node(STORED) {
-                    Ok(Some(v)) => return Some(v),
-                    Ok(None) => {}
-                    Err(e) => warn!(error = %e, "cannot read the pod checkpoint"),
+        let (members, older) = tokio::task::spawn_blocking(move || {
+            let members = store.as_ref().map(|st| st.members(SET)).unwrap_or_default();
+            if !members.is_empty() {
+                return (members, None);
+            }
+            let older = match store.as_ref().map(|st| st.get_node(STORED)) {
+                Some(Ok(Some(v))) => Some(v),
+                Some(Err(e)) => {
+                    warn!(error = %e, "cannot read the pod checkpoint");
+                    None
                 }
-            }
-            let old = std::fs::read(&legacy).ok()?;
-            if let Some(st) = &store
-                && st.put_node(STORED, &old).is_ok()
-            {
-                info!(file = %legacy.display(), "pod checkpoint moved into the local store");
-                let _ = std::fs::remove_file(&legacy);
-            }
-            Some(old)
+                _ => None,
+            };
+            (members, older.or_else(|| std::fs::read(&legacy).ok()))
         })
         .await
-        .ok()??;
-        serde_json::from_slice(&raw).ok()
+        .ok()?;
+        if let Some(raw) = older {
+            self.migrate = self.store.is_some();
+            return serde_json::from_slice(&raw).ok();
+        }
+        if members.is_empty() {
+            return None;
+        }
+        let mut pods = Vec::new();
+        for (uid, raw) in members {
+            if let Ok(p) = serde_json::from_slice::<Pod>(&raw) {
+                self.kept.insert(uid, hash(&raw));
+                pods.push(p);
+            }
+        }
+        Some(pods)
     }
 
     /// Keeps the snapshot for a start without the API server (flushed to
-    /// disk, on the blocking pool).
-    async fn write(&self, pods: &[Pod]) {
-        let Ok(data) = serde_json::to_vec(pods) else {
-            return;
+    /// disk, on the blocking pool): the members that changed are written,
+    /// those of pods gone removed, nothing when nothing changed.
+    async fn write(&mut self, pods: &[Pod]) {
+        let entries: Vec<(String, Vec<u8>)> = pods
+            .iter()
+            .filter_map(|p| {
+                let uid = p.metadata.uid.clone()?;
+                Some((uid, serde_json::to_vec(&kept_form(p)).ok()?))
+            })
+            .collect();
+        let Some(store) = self.store.clone() else {
+            return self.write_legacy(entries).await;
         };
-        let (store, legacy) = (self.store.clone(), self.legacy.clone());
-        let written = tokio::task::spawn_blocking(move || match &store {
-            Some(st) => st.put_node(STORED, &data).map_err(|e| e.to_string()),
-            None => write_private_atomic(&legacy, &data, true).map_err(|e| e.to_string()),
+        let changed: Vec<(String, Vec<u8>)> = (entries.iter())
+            .filter(|(uid, raw)| self.kept.get(uid) != Some(&hash(raw)))
+            .cloned()
+            .collect();
+        let gone: Vec<String> = (self.kept.keys())
+            .filter(|k| !entries.iter().any(|(uid, _)| uid == *k))
+            .cloned()
+            .collect();
+        if changed.is_empty() && gone.is_empty() && !self.migrate {
+            return;
+        }
+        let (migrate, legacy) = (self.migrate, self.legacy.clone());
+        let gone2 = gone.clone();
+        let written = tokio::task::spawn_blocking(move || {
+            let mut ok = Vec::new();
+            for (uid, raw) in changed {
+                match store.put_member(SET, &uid, &raw) {
+                    Ok(()) => ok.push((uid, hash(&raw))),
+                    Err(e) => warn!(error = %e, "cannot write the pod checkpoint"),
+                }
+            }
+            for uid in &gone2 {
+                store.remove_member(SET, uid);
+            }
+            if migrate {
+                store.remove_node(STORED);
+                let _ = std::fs::remove_file(&legacy);
+            }
+            ok
         })
-        .await;
-        if let Ok(Err(e)) = written {
-            warn!(error = %e, "cannot write the pod checkpoint");
+        .await
+        .unwrap_or_default();
+        for uid in gone {
+            self.kept.remove(&uid);
+        }
+        self.kept.extend(written);
+        self.migrate = false;
+    }
+
+    /// Without a store: the whole snapshot in the plain file, when it
+    /// changed.
+    async fn write_legacy(&mut self, entries: Vec<(String, Vec<u8>)>) {
+        let mut data = b"[".to_vec();
+        for (i, (_, raw)) in entries.iter().enumerate() {
+            if i > 0 {
+                data.push(b',');
+            }
+            data.extend_from_slice(raw);
+        }
+        data.push(b']');
+        let h = hash(&data);
+        if self.kept.get("") == Some(&h) {
+            return;
+        }
+        let legacy = self.legacy.clone();
+        let written =
+            tokio::task::spawn_blocking(move || write_private_atomic(&legacy, &data, true)).await;
+        match written {
+            Ok(Ok(())) => {
+                self.kept.insert(String::new(), h);
+            }
+            Ok(Err(e)) => warn!(error = %e, "cannot write the pod checkpoint"),
+            Err(_) => warn!("cannot write the pod checkpoint: its task failed"),
         }
     }
 }
@@ -179,26 +315,136 @@ mod tests {
 
     use crate::pods::test_pod as pod;
 
-    /// An upgrade from the plain checkpoint file: read once, moved into
-    /// the store (sealed), the file removed; later snapshots go there.
+    fn store(d: &std::path::Path) -> std::sync::Arc<crate::store::LocalStore> {
+        std::sync::Arc::new(crate::store::LocalStore::open(d).unwrap())
+    }
+
+    /// The inode of each kept member: a rewrite (temp file, rename) makes
+    /// a new one.
+    fn inodes(d: &std::path::Path) -> BTreeMap<String, u64> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(d.join("store").join(SET))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().unwrap().ino())
+            })
+            .collect()
+    }
+
+    /// Upgrades: the plain checkpoint file of early versions, and the
+    /// whole snapshot in the store after it, are read once and replaced
+    /// by one member a pod at the first write.
     #[tokio::test]
-    async fn the_plain_checkpoint_moves_into_the_store() {
+    async fn earlier_checkpoints_move_into_the_set() {
         let d = tempfile::tempdir().unwrap();
         let legacy = d.path().join("api-checkpoint.json");
-        let pods = vec![pod("a")];
-        std::fs::write(&legacy, serde_json::to_vec(&pods).unwrap()).unwrap();
-        let store = std::sync::Arc::new(crate::store::LocalStore::open(d.path()).unwrap());
-        let cp = Checkpoint {
-            store: Some(store.clone()),
-            legacy: legacy.clone(),
-        };
-        let read = cp.read().await.unwrap();
-        assert_eq!(read.len(), 1);
-        assert!(!legacy.exists(), "the plain file stays");
-        assert!(store.get_node(STORED).unwrap().is_some());
+        std::fs::write(&legacy, serde_json::to_vec(&[pod("a")]).unwrap()).unwrap();
+        let st = store(d.path());
+        let mut cp = Checkpoint::new(Some(st.clone()), legacy.clone());
+        assert_eq!(cp.read().await.unwrap().len(), 1);
         cp.write(&[pod("a"), pod("b")]).await;
-        assert_eq!(cp.read().await.unwrap().len(), 2);
         assert!(!legacy.exists());
+        assert_eq!(inodes(d.path()).len(), 2);
+
+        let d = tempfile::tempdir().unwrap();
+        let st = store(d.path());
+        st.put_node(STORED, &serde_json::to_vec(&[pod("c")]).unwrap())
+            .unwrap();
+        let mut cp = Checkpoint::new(Some(st.clone()), d.path().join("none"));
+        assert_eq!(cp.read().await.unwrap().len(), 1);
+        cp.write(&[pod("c")]).await;
+        assert!(st.get_node(STORED).unwrap().is_none());
+        let mut again = Checkpoint::new(Some(st), d.path().join("none"));
+        let pods = again.read().await.unwrap();
+        assert_eq!(pods[0].metadata.uid.as_deref(), Some("c"));
+    }
+
+    /// A pod's status changing (kinglet's own writes coming back through
+    /// the watch) writes nothing; a change of its object rewrites its
+    /// member alone; a pod gone loses its member; after a restart the same
+    /// snapshot writes nothing.
+    #[tokio::test]
+    async fn only_changed_pods_are_written() {
+        let d = tempfile::tempdir().unwrap();
+        let mut cp = Checkpoint::new(Some(store(d.path())), d.path().join("none"));
+        assert!(cp.read().await.is_none());
+        let (mut a, b) = (pod("a"), pod("b"));
+        cp.write(&[a.clone(), b.clone()]).await;
+        let first = inodes(d.path());
+        a.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some("10.0.0.2".into()),
+            ..Default::default()
+        });
+        a.metadata.resource_version = Some("7".into());
+        cp.write(&[a.clone(), b.clone()]).await;
+        assert_eq!(inodes(d.path()), first, "a status change wrote");
+        a.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        cp.write(&[a.clone(), b.clone()]).await;
+        let second = inodes(d.path());
+        assert_ne!(second["a"], first["a"]);
+        assert_eq!(second["b"], first["b"]);
+        cp.write(&[a.clone()]).await;
+        assert_eq!(inodes(d.path()).len(), 1);
+
+        let mut again = Checkpoint::new(Some(store(d.path())), d.path().join("none"));
+        let read = again.read().await.unwrap();
+        assert_eq!(read[0].metadata.labels, a.metadata.labels);
+        let before = inodes(d.path());
+        again.write(&[a]).await;
+        assert_eq!(inodes(d.path()), before);
+    }
+
+    /// What is kept of a pod's status: its readiness gates' conditions and
+    /// an ended phase; never the managed fields or resource version.
+    #[test]
+    fn the_kept_form_drops_what_kinglet_makes_anew() {
+        let mut p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": "u", "resourceVersion": "9",
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"containers": [], "readinessGates": [{"conditionType": "example.com/lb"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.2", "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "example.com/lb", "status": "False"}]}
+        }))
+        .unwrap();
+        let k = kept_form(&p);
+        assert!(k.metadata.managed_fields.is_none() && k.metadata.resource_version.is_none());
+        let st = k.status.unwrap();
+        assert_eq!(st.phase, None);
+        assert_eq!(st.pod_ip, None);
+        let types: Vec<_> = st
+            .conditions
+            .unwrap()
+            .into_iter()
+            .map(|c| c.type_)
+            .collect();
+        assert_eq!(types, ["example.com/lb"]);
+        p.spec.as_mut().unwrap().readiness_gates = None;
+        assert!(kept_form(&p).status.is_none());
+        p.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert_eq!(
+            kept_form(&p).status.unwrap().phase.as_deref(),
+            Some("Succeeded")
+        );
+    }
+
+    /// Without a store the plain file holds the whole snapshot, written
+    /// when it changed.
+    #[tokio::test]
+    async fn without_a_store_the_plain_file_is_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let legacy = d.path().join("api-checkpoint.json");
+        let mut cp = Checkpoint::new(None, legacy.clone());
+        cp.write(&[pod("a")]).await;
+        let t = std::fs::metadata(&legacy).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cp.write(&[pod("a")]).await;
+        assert_eq!(std::fs::metadata(&legacy).unwrap().modified().unwrap(), t);
+        let mut again = Checkpoint::new(None, legacy);
+        assert_eq!(again.read().await.unwrap().len(), 1);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod platform;
 pub mod registry;
 pub mod unpack;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -269,6 +269,12 @@ pub struct ImageStore {
     overlay: bool,
     tmp_seq: AtomicU64,
     limits: UnpackLimits,
+    /// When each image was last used by a container start since this
+    /// process started (unix seconds), in memory as upstream's image GC
+    /// keeps `lastUsed`: written to the index at every container start it
+    /// cost the flash a rewrite and two fsyncs each time. After a restart
+    /// the index's time (the pull or import) stands in.
+    used: std::sync::Mutex<HashMap<String, u64>>,
 }
 
 /// What one layer may unpack to (kinglet's limits; containerd has none):
@@ -315,6 +321,7 @@ impl ImageStore {
             overlay: unpack::overlay_supported(),
             tmp_seq: AtomicU64::new(0),
             limits: UnpackLimits::default(),
+            used: Default::default(),
         };
         store.clean_tmp();
         Ok(store)
@@ -592,15 +599,19 @@ impl ImageStore {
         Ok(())
     }
 
-    /// Marks an image as just used (for least-recently-used GC).
-    pub fn touch(&self, id: &str) -> Result<(), ImageError> {
-        let lock = self.lock()?;
-        let mut index = lock.read()?;
-        if let Some(img) = index.images.get_mut(id) {
-            img.last_used = now_secs();
-            lock.write(&index)?;
+    /// Marks an image as just used (for least-recently-used GC), in
+    /// memory: nothing is written.
+    pub fn touch(&self, id: &str) {
+        if let Ok(mut used) = self.used.lock() {
+            used.insert(id.to_string(), now_secs());
         }
-        Ok(())
+    }
+
+    /// When the image was last used: this process's memory, else the
+    /// index's time.
+    fn last_used(&self, img: &ImageRecord) -> u64 {
+        let seen = self.used.lock().ok().and_then(|u| u.get(&img.id).copied());
+        seen.unwrap_or(0).max(img.last_used)
     }
 
     /// Removes a name; the image goes when its last name does. Returns the
@@ -711,11 +722,12 @@ impl ImageStore {
                 .images
                 .values()
                 .filter(|i| {
-                    !in_use.contains(&i.id) && now.saturating_sub(i.last_used) >= min_age.as_secs()
+                    !in_use.contains(&i.id)
+                        && now.saturating_sub(self.last_used(i)) >= min_age.as_secs()
                 })
                 .cloned()
                 .collect();
-            candidates.sort_by_key(|i| i.last_used);
+            candidates.sort_by_key(|i| self.last_used(i));
             for img in candidates {
                 if to_free == 0 {
                     break;
@@ -810,6 +822,27 @@ mod tests {
             let e = parse_reference(bad).unwrap_err();
             assert_eq!(e.reason().as_str(), "InvalidImageName", "{bad:?}");
         }
+    }
+
+    /// A container start marks its image used in memory (GC's order) and
+    /// writes nothing.
+    #[test]
+    fn use_is_remembered_without_a_write() {
+        let d = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(d.path().join("images")).unwrap();
+        let img = ImageRecord {
+            id: format!("sha256:{}", "e".repeat(64)),
+            manifest: String::new(),
+            repo_digests: BTreeSet::new(),
+            layers: vec![],
+            size: 0,
+            created: 0,
+            last_used: 5,
+        };
+        assert_eq!(store.last_used(&img), 5);
+        store.touch(&img.id);
+        assert!(store.last_used(&img) + 60 > now_secs());
+        assert!(!d.path().join("images/index.json").exists());
     }
 
     #[test]
