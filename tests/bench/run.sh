@@ -23,10 +23,12 @@
 # (pressure_report.py) and, in the full run, the results' pressure rows.
 # Output: a table on stdout, target/bench/results.{json,md}, and plots
 # (matplotlib) target/bench/memory.svg and target/bench/startup.svg.
-#   tests/bench/run.sh [--quick | --probes | --pressure]
+#   tests/bench/run.sh [--quick | --probes | --pressure | --writes [SECS]]
 # (--quick: fewer pods and samples; --probes: 30 pods each with a readiness
 # probe over HTTP and a liveness probe by exec, every 1-10 s, and the CPU
-# and memory that costs, into target/bench/probes/)
+# and memory that costs, into target/bench/probes/; --writes: the write
+# budget alone, idle windows of SECS (default 600) at 0, 10 and 110 pods,
+# into target/bench/writes/)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
@@ -38,6 +40,9 @@ if [ "$quick" = 1 ]; then
   export BENCH_DELETES=5
 elif [ "${1:-}" = --pressure ]; then
   pods=0 levels=0 idle=0 main=0 measure_pressure=1
+elif [ "${1:-}" = --writes ]; then
+  pods=10 levels=10,110 idle=${2:-600} out=target/bench/writes
+  export BENCH_DELETES=10
 elif [ "${1:-}" = --probes ]; then
   pods=30 levels=30 idle=60 out=target/bench/probes
   export BENCH_PROBES=1 BENCH_DELETES=10
