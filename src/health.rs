@@ -125,7 +125,7 @@ impl ApiLink {
         let file = self.file.clone();
         let text = format!("{}\n", Self::format(now));
         let _ = tokio::task::spawn_blocking(move || {
-            crate::fsutil::write_private_atomic(&file, text.as_bytes(), true)
+            crate::fsutil::write_private_atomic(&file, text.as_bytes(), crate::fsutil::Flush::All)
         })
         .await;
     }

@@ -257,7 +257,7 @@ pub fn without_system_roots(root_dir: &Path) -> std::io::Result<Option<PathBuf>>
             .map_err(std::io::Error::other)?
             .pem();
         std::fs::create_dir_all(root_dir)?;
-        crate::fsutil::write_private_atomic(&path, pem.as_bytes(), true)?;
+        crate::fsutil::write_private_atomic(&path, pem.as_bytes(), crate::fsutil::Flush::All)?;
     }
     Ok(Some(path))
 }

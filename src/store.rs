@@ -14,8 +14,11 @@
 //! sealed with ChaCha20-Poly1305 under a node-local key (`<root>/store/key`,
 //! 32 random bytes, 0600), its name bound in as associated data so that no
 //! file can stand in for another; written whole through a temp file, an
-//! fsync and an atomic rename, so a power cut leaves the old or the new
-//! value. Files and dirs are root's only.
+//! fsync of its data and an atomic rename, so a power cut leaves the old or
+//! the new value (the rename is not waited for: it reaches the disk with
+//! the filesystem's next commit, as upstream's checkpoints do, so a pod
+//! start costs one journal commit for its values, not two; see
+//! [`crate::fsutil::Flush::Data`]). Files and dirs are root's only.
 //!
 //! Why files and not an embedded database (redb, SQLite): the values are
 //! few and small (a few KiB per pod), each is read and written whole, and
@@ -86,7 +89,8 @@ impl LocalStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let mut k = vec![0u8; 32];
                 rng.fill(&mut k).map_err(|_| StoreError::Random)?;
-                crate::fsutil::write_private_atomic(&key_path, &k, true).map_err(io(&key_path))?;
+                crate::fsutil::write_private_atomic(&key_path, &k, crate::fsutil::Flush::All)
+                    .map_err(io(&key_path))?;
                 k
             }
             Err(e) => return Err(io(&key_path)(e)),
@@ -224,7 +228,8 @@ impl LocalStore {
             .map_err(|_| StoreError::Random)?;
         let mut data = nonce.to_vec();
         data.extend_from_slice(&sealed);
-        crate::fsutil::write_private_atomic(path, &data, true).map_err(io(path))
+        crate::fsutil::write_private_atomic(path, &data, crate::fsutil::Flush::Data)
+            .map_err(io(path))
     }
 
     /// Reads and opens the value sealed at `path` with `aad`; none if the

@@ -98,10 +98,9 @@ fn write_kubeconfig(
             source: e,
         })?;
     }
-    crate::fsutil::write_private_atomic(path, kc.to_string().as_bytes(), true).map_err(|e| {
-        CertError::Write {
+    crate::fsutil::write_private_atomic(path, kc.to_string().as_bytes(), crate::fsutil::Flush::All)
+        .map_err(|e| CertError::Write {
             path: path.display().to_string(),
             source: e,
-        }
-    })
+        })
 }

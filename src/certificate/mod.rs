@@ -180,8 +180,12 @@ impl Store {
             .strftime("%Y-%m-%d-%H-%M-%S")
             .to_string();
         let file = self.dir.join(format!("{}-{stamp}.pem", self.prefix));
-        crate::fsutil::write_private_atomic(&file, format!("{cert}{key}").as_bytes(), true)
-            .map_err(|e| err(&file, e))?;
+        crate::fsutil::write_private_atomic(
+            &file,
+            format!("{cert}{key}").as_bytes(),
+            crate::fsutil::Flush::All,
+        )
+        .map_err(|e| err(&file, e))?;
         let current = self.current();
         let link = self.dir.join(format!("{}-current.pem.new", self.prefix));
         let _ = std::fs::remove_file(&link);

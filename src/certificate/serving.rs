@@ -142,9 +142,13 @@ fn make_self_signed(crt: &Path, key: &Path, names: &[String]) -> Result<(), Cert
     );
     let kp = rcgen::KeyPair::generate().map_err(|e| file_err(key, e))?;
     let cert = params.self_signed(&kp).map_err(|e| file_err(crt, e))?;
-    crate::fsutil::write_private_atomic(key, kp.serialize_pem().as_bytes(), true)
-        .map_err(|e| file_err(key, e))?;
-    crate::fsutil::write_private_atomic(crt, cert.pem().as_bytes(), true)
+    crate::fsutil::write_private_atomic(
+        key,
+        kp.serialize_pem().as_bytes(),
+        crate::fsutil::Flush::All,
+    )
+    .map_err(|e| file_err(key, e))?;
+    crate::fsutil::write_private_atomic(crt, cert.pem().as_bytes(), crate::fsutil::Flush::All)
         .map_err(|e| file_err(crt, e))?;
     info!(cert = %crt.display(), "made a self-signed serving certificate for the kubelet API");
     Ok(())

@@ -73,7 +73,7 @@ pub fn write(path: &Path, data: &Checkpoint) -> std::io::Result<()> {
         data: data.clone(),
     };
     let bytes = serde_json::to_vec(&file).map_err(std::io::Error::other)?;
-    crate::fsutil::write_private_atomic(path, &bytes, true)
+    crate::fsutil::write_private_atomic(path, &bytes, crate::fsutil::Flush::Data)
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ impl State {
     /// Writes the record durably.
     pub fn write(&self, root_dir: &Path) -> std::io::Result<()> {
         let data = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        crate::fsutil::write_private_atomic(&path(root_dir), &data, true)
+        crate::fsutil::write_private_atomic(&path(root_dir), &data, crate::fsutil::Flush::All)
     }
 
     /// What the guard decides at a start of the new binary, `now` in unix

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::fsutil::write_private_atomic;
+use crate::fsutil::{Flush, write_private_atomic};
 use crate::pods::config::SourceUpdate;
 use crate::pods::status::api_writer::is_mirror;
 
@@ -298,7 +298,8 @@ impl Checkpoint {
         }
         let legacy = self.legacy.clone();
         let written =
-            tokio::task::spawn_blocking(move || write_private_atomic(&legacy, &data, true)).await;
+            tokio::task::spawn_blocking(move || write_private_atomic(&legacy, &data, Flush::Data))
+                .await;
         match written {
             Ok(Ok(())) => {
                 self.kept.insert(String::new(), h);

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::fsutil::write_private_atomic;
+use crate::fsutil::{Flush, write_private_atomic};
 use crate::pods::status::api_writer::{ApiWriter, TRANSIENT_CONDITIONS};
 
 /// How long a write may take to come back through the watch: the
@@ -395,7 +395,7 @@ impl StatusManager {
         if let Ok(data) = serde_json::to_vec(&rec)
             // Not flushed to disk: a record is a cache of the status (for
             // `pods ls` and a restart), and a flush would block the task.
-            && let Err(e) = write_private_atomic(&path, &data, false)
+            && let Err(e) = write_private_atomic(&path, &data, Flush::No)
         {
             warn!(uid, error = %e, "cannot write the pod record");
         }
