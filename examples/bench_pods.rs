@@ -92,8 +92,12 @@ fn processes(pattern: &str) -> Vec<Proc> {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let name = if comm == "kinglet" && cmd.contains(" monitor ") {
+        // A kinglet binary under another file name (the bench's
+        // KINGLET_BENCH_BIN) is still kinglet: its agent or its monitor.
+        let name = if comm.starts_with("kinglet") && cmd.contains(" monitor ") {
             "kinglet-monitor".to_string()
+        } else if comm.starts_with("kinglet") {
+            "kinglet".to_string()
         } else {
             comm
         };
