@@ -173,11 +173,26 @@ impl LocalStore {
         self.seal_to(&path, &aad, value)
     }
 
-    /// Forgets member `key` of `set` (blocking).
-    pub fn remove_member(&self, set: &str, key: &str) {
-        if let Ok((path, _)) = self.member_file(set, key) {
-            let _ = std::fs::remove_file(path);
+    /// Forgets member `key` of `set` (blocking); one that is not there is
+    /// forgotten already.
+    pub fn remove_member(&self, set: &str, key: &str) -> Result<(), StoreError> {
+        let (path, _) = self.member_file(set, key)?;
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path)(e)),
+            _ => Ok(()),
         }
+    }
+
+    /// The keys of every member of `set` on disk, whether or not it opens
+    /// (blocking).
+    pub fn member_keys(&self, set: &str) -> Vec<String> {
+        std::fs::read_dir(self.dir.join(set))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|k| self.member_file(set, k).is_ok())
+            .collect()
     }
 
     /// Every member of `set` that opens, by key (blocking). A member that
@@ -340,7 +355,8 @@ mod tests {
                 ("uid-2".into(), b"two'".to_vec())
             ]
         );
-        s.remove_member("api-pods", "uid-1");
+        s.remove_member("api-pods", "uid-1").unwrap();
+        s.remove_member("api-pods", "uid-1").unwrap();
         assert_eq!(s.members("api-pods").len(), 1);
         // A member moved under another key does not open; leftovers and
         // keys that could leave the dir are refused or skipped.
@@ -349,6 +365,13 @@ mod tests {
         std::fs::write(dir.join("uid-4.tmp"), b"half").unwrap();
         assert_eq!(s.members("api-pods").len(), 1);
         assert!(!dir.join("uid-4.tmp").exists());
+        let mut keys = s.member_keys("api-pods");
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["uid-2", "uid-3"],
+            "one that does not open is still listed"
+        );
         for bad in ["", "..", "../x", "a/b", "x.tmp"] {
             assert!(matches!(
                 s.put_member("api-pods", bad, b"v"),

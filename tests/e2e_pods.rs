@@ -1008,3 +1008,125 @@ async fn a_subpath_flipped_into_a_host_link_is_never_mounted(rt: Rt) {
     )
     .await;
 }
+
+/// The flash knob of docs/configuration.md: pod logs on a tmpfs of their
+/// own, bounded by `containerLogMaxSize` × `containerLogMaxFiles` per
+/// container. Four chatty containers outgrow the tmpfs: the pods keep
+/// running, no file outgrows its bound or holds half a line, and logging
+/// goes on (a full filesystem makes a container drop its rotated files
+/// first). In-process only: through CRI, containerd's shims write the
+/// logs.
+#[tokio::test]
+async fn in_process_pod_logs_on_a_full_tmpfs_stop_nothing() {
+    let mut n = Node::start_with(
+        Rt::Oci,
+        "containerLogMaxSize: 16Ki\ncontainerLogMaxFiles: 2\n",
+    );
+    std::fs::create_dir_all(&n.logs).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=96k,mode=0755", "tmpfs"])
+        .arg(&n.logs)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(n.logs.clone());
+    let chatty = format!(
+        "  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: {BB}, imagePullPolicy: Never, command: [sh, -c, 'i=0; while true; do echo line-$i-padding-padding-padding-padding; i=$((i+1)); usleep 10000; done']}}\n"
+    );
+    let names = ["chat0", "chat1", "chat2", "chat3"];
+    for name in names {
+        n.apply(name, &chatty);
+    }
+    for name in names {
+        n.wait(name, "Running", 30, |s| phase(s) == "Running").await;
+    }
+    let avail = |p: &Path| {
+        let s = rustix::fs::statvfs(p).unwrap();
+        s.f_bavail * s.f_frsize
+    };
+    common::wait_for("the log tmpfs full", Duration::from_secs(30), || async {
+        (avail(&n.logs) < 16384).then_some(())
+    })
+    .await;
+    // Full for a while: every pod runs on, no file past its bound.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(n.k.alive());
+    // (A file may be rotated away between the listing and the read.)
+    for f in walkdir(&n.logs).into_iter().filter(|p| p.is_file()) {
+        let Ok(text) = std::fs::read(&f) else {
+            continue;
+        };
+        assert!(
+            text.len() <= 16 * 1024,
+            "{}: {} bytes",
+            f.display(),
+            text.len()
+        );
+        assert!(
+            text.is_empty() || text.ends_with(b"\n"),
+            "{}: half a line",
+            f.display()
+        );
+    }
+    for name in names {
+        let r = n.record(name).unwrap();
+        assert_eq!(phase(&r.status), "Running", "{name}");
+        assert_eq!(container(&r.status, "c").restart_count, 0, "{name}");
+    }
+    // Logging goes on while full: a line not seen before, in each.
+    let last_line = |name: &str| -> Option<u64> {
+        let uid = n.record(name)?.uid;
+        let dir = n.logs.join(format!("default_{name}-{}_{uid}/c", n.k.name));
+        let text = std::fs::read_to_string(dir.join("0.log")).ok()?;
+        text.lines().rev().find_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .strip_prefix("line-")?
+                .split('-')
+                .next()?
+                .parse()
+                .ok()
+        })
+    };
+    for name in names {
+        let before = last_line(name).unwrap_or(0);
+        common::wait_for(
+            &format!("{name} logging on"),
+            Duration::from_secs(30),
+            || async { last_line(name).filter(|l| *l > before + 50) },
+        )
+        .await;
+    }
+    assert!(n.k.alive());
+    for name in names {
+        n.delete(name);
+    }
+    for name in names {
+        common::wait_for(&format!("{name} gone"), Duration::from_secs(30), || async {
+            n.record(name).is_none().then_some(())
+        })
+        .await;
+    }
+}
+
+/// Every path under `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walkdir(&p));
+        }
+        out.push(p);
+    }
+    out
+}

@@ -75,7 +75,6 @@ kubelet=$(tests/bench/build-kubelet.sh | tail -n1)
 admin=$(tests/cluster/up.sh | tail -n1)
 mkdir -p "$out"
 work=$(mktemp -d /tmp/kinglet-bench.XXXXXX)
-logs=$(mktemp -d /dev/shm/kinglet-bench.XXXXXX)
 tests/images/busybox.sh "$work/busybox.tar" >/dev/null
 
 # The upstream kubelet sets kernel tunables when it starts; put them back.
@@ -112,7 +111,7 @@ stop_node() {
   done
   kubectl --kubeconfig "$admin" delete node "$node" --wait=false >/dev/null 2>&1
   if [ -n "$loopdev" ]; then
-    umount "$dir" 2>/dev/null || umount -l "$dir"
+    umount "$dir" 2>/dev/null || umount -l "$dir" 2>/dev/null
     losetup -d "$loopdev"
     rm -f "$dir.img"
   fi
@@ -124,9 +123,10 @@ finish() {
   for s in "${sysctls[@]}"; do
     [ -n "${saved[$s]}" ] && echo "${saved[$s]}" > "/proc/sys/$s" 2>/dev/null
   done
-  rm -rf "$work" "$logs"
+  rm -rf "$work" ${logs:+"$logs"}
 }
 trap finish EXIT
+logs=$(mktemp -d /dev/shm/kinglet-bench.XXXXXX)
 
 wait_ready() {
   for _ in $(seq 1 300); do

@@ -141,10 +141,11 @@ const SET: &str = "api-pods";
 
 /// What of a pod is kept to run it again without the API server: the
 /// object without its managed fields and resource version, and of its
-/// status only what kinglet does not write itself and still needs: the
-/// conditions of its readiness gates, and the phase once it has ended
-/// (so that a finished pod is not run again). The rest of the status
-/// changes with every start and probe, and kinglet makes it anew.
+/// status only what kinglet does not write itself: the conditions of its
+/// readiness gates (others set them; readiness reads them), and the phase
+/// once it has ended (it changes no more; kinglet's own record of a
+/// finished pod is what keeps it from running again). The rest of the
+/// status changes with every start and probe, and kinglet makes it anew.
 pub fn kept_form(pod: &Pod) -> Pod {
     let mut p = pod.clone();
     p.metadata.managed_fields = None;
@@ -190,15 +191,19 @@ impl Checkpoint {
         }
     }
 
-    /// The last snapshot: the store's members, else an earlier version's
-    /// form (replaced at the next write).
+    /// The last snapshot: an earlier version's form if one is still there
+    /// (it is removed only once every member is written, so its presence
+    /// means a migration did not finish: it is whole, the members may not
+    /// be), else the store's members. Every member on disk is remembered,
+    /// so that the first write rewrites or removes what no longer matches.
     async fn read(&mut self) -> Option<Vec<Pod>> {
         let (store, legacy) = (self.store.clone(), self.legacy.clone());
-        let (members, older) = tokio::task::spawn_blocking(move || {
+        let (keys, members, older) = tokio::task::spawn_blocking(move || {
+            let keys = store
+                .as_ref()
+                .map(|st| st.member_keys(SET))
+                .unwrap_or_default();
             let members = store.as_ref().map(|st| st.members(SET)).unwrap_or_default();
-            if !members.is_empty() {
-                return (members, None);
-            }
             let older = match store.as_ref().map(|st| st.get_node(STORED)) {
                 Some(Ok(Some(v))) => Some(v),
                 Some(Err(e)) => {
@@ -207,17 +212,12 @@ impl Checkpoint {
                 }
                 _ => None,
             };
-            (members, older.or_else(|| std::fs::read(&legacy).ok()))
+            (keys, members, older.or_else(|| std::fs::read(&legacy).ok()))
         })
         .await
         .ok()?;
-        if let Some(raw) = older {
-            self.migrate = self.store.is_some();
-            return serde_json::from_slice(&raw).ok();
-        }
-        if members.is_empty() {
-            return None;
-        }
+        // A member that does not open or parse reads as changed.
+        self.kept.extend(keys.into_iter().map(|k| (k, 0)));
         let mut pods = Vec::new();
         for (uid, raw) in members {
             if let Ok(p) = serde_json::from_slice::<Pod>(&raw) {
@@ -225,12 +225,17 @@ impl Checkpoint {
                 pods.push(p);
             }
         }
-        Some(pods)
+        if let Some(raw) = older {
+            self.migrate = self.store.is_some();
+            return serde_json::from_slice(&raw).ok();
+        }
+        (!pods.is_empty()).then_some(pods)
     }
 
     /// Keeps the snapshot for a start without the API server (flushed to
     /// disk, on the blocking pool): the members that changed are written,
-    /// those of pods gone removed, nothing when nothing changed.
+    /// those of pods gone removed, nothing when nothing changed. What
+    /// failed is tried again at the next write.
     async fn write(&mut self, pods: &[Pod]) {
         let entries: Vec<(String, Vec<u8>)> = pods
             .iter()
@@ -254,31 +259,45 @@ impl Checkpoint {
             return;
         }
         let (migrate, legacy) = (self.migrate, self.legacy.clone());
-        let gone2 = gone.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let mut ok = Vec::new();
+        let done = tokio::task::spawn_blocking(move || {
+            let mut done: Vec<(String, Option<u64>)> = Vec::new();
+            let mut failed = false;
             for (uid, raw) in changed {
                 match store.put_member(SET, &uid, &raw) {
-                    Ok(()) => ok.push((uid, hash(&raw))),
-                    Err(e) => warn!(error = %e, "cannot write the pod checkpoint"),
+                    Ok(()) => done.push((uid, Some(hash(&raw)))),
+                    Err(e) => {
+                        warn!(error = %e, "cannot write the pod checkpoint");
+                        failed = true;
+                    }
                 }
             }
-            for uid in &gone2 {
-                store.remove_member(SET, uid);
+            for uid in gone {
+                match store.remove_member(SET, &uid) {
+                    Ok(()) => done.push((uid, None)),
+                    Err(e) => {
+                        warn!(error = %e, "cannot remove a pod from the checkpoint");
+                        failed = true;
+                    }
+                }
             }
-            if migrate {
+            // The older form goes once the members hold everything.
+            if migrate && !failed {
                 store.remove_node(STORED);
                 let _ = std::fs::remove_file(&legacy);
             }
-            ok
+            (done, failed)
         })
-        .await
-        .unwrap_or_default();
-        for uid in gone {
-            self.kept.remove(&uid);
+        .await;
+        let Ok((done, failed)) = done else {
+            return warn!("cannot write the pod checkpoint: its task failed");
+        };
+        for (uid, h) in done {
+            match h {
+                Some(h) => self.kept.insert(uid, h),
+                None => self.kept.remove(&uid),
+            };
         }
-        self.kept.extend(written);
-        self.migrate = false;
+        self.migrate &= failed;
     }
 
     /// Without a store: the whole snapshot in the plain file, when it
@@ -360,6 +379,33 @@ mod tests {
         let mut again = Checkpoint::new(Some(st), d.path().join("none"));
         let pods = again.read().await.unwrap();
         assert_eq!(pods[0].metadata.uid.as_deref(), Some("c"));
+    }
+
+    /// A power cut in the middle of a migration: the older form is still
+    /// there and whole, so it is read, and the members that do not match
+    /// it (one of a pod since gone, one that does not open) are set right
+    /// by the first write, after which the older form goes.
+    #[tokio::test]
+    async fn an_unfinished_migration_and_damaged_members_are_set_right() {
+        let d = tempfile::tempdir().unwrap();
+        let st = store(d.path());
+        st.put_node(STORED, &serde_json::to_vec(&[pod("a"), pod("b")]).unwrap())
+            .unwrap();
+        st.put_member(SET, "a", b"{}").unwrap();
+        st.put_member(SET, "gone", b"{}").unwrap();
+        let dir = d.path().join("store").join(SET);
+        std::fs::write(dir.join("damaged"), b"not sealed").unwrap();
+        let mut cp = Checkpoint::new(Some(st.clone()), d.path().join("none"));
+        let read = cp.read().await.unwrap();
+        assert_eq!(read.len(), 2, "the older, whole form");
+        cp.write(&read).await;
+        assert_eq!(inodes(d.path()).into_keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(st.get_node(STORED).unwrap().is_none());
+        let mut again = Checkpoint::new(Some(st), d.path().join("none"));
+        let uids: Vec<_> = (again.read().await.unwrap().into_iter())
+            .map(|p| p.metadata.uid.unwrap())
+            .collect();
+        assert_eq!(uids.len(), 2);
     }
 
     /// A pod's status changing (kinglet's own writes coming back through

@@ -47,10 +47,34 @@ impl LogFile {
         if self.max_size > 0 && self.size + rec.len() as u64 > self.max_size && self.size > 0 {
             self.rotate();
         }
-        if let Some(f) = self.file.as_mut()
-            && f.write_all(&rec).is_ok()
+        if self
+            .append(&rec)
+            .is_err_and(|e| e.raw_os_error() == Some(libc::ENOSPC))
         {
-            self.size += rec.len() as u64;
+            // A full filesystem (logs on a small tmpfs): this container's
+            // rotated files go first, then the record is tried once more;
+            // else it is dropped, and the pod runs on.
+            kinglet_runtime::logs::prune_rotated(&self.path, 1);
+            let _ = self.append(&rec);
+        }
+    }
+
+    /// Appends a whole record or nothing: a record cut short (the
+    /// filesystem filled in its middle) is cut off again, so that the next
+    /// one does not glue onto half a line.
+    fn append(&mut self, rec: &[u8]) -> std::io::Result<()> {
+        let Some(f) = self.file.as_mut() else {
+            return Ok(());
+        };
+        match f.write_all(rec) {
+            Ok(()) => {
+                self.size += rec.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = f.set_len(self.size);
+                Err(e)
+            }
         }
     }
 
