@@ -37,7 +37,7 @@ impl Priority {
     }
 
     /// kinglet: the frame as RFC 9113 section 6.3 lays it out (h2 never
-    /// sends one; upstream's encoder had `unimplemented!()` here).
+    /// sends one; upstream's encoder panicked here instead).
     pub fn encode<B: BufMut>(&self, dst: &mut B) {
         let head = Head::new(Kind::Priority, 0, self.stream_id);
         head.encode(5, dst);
