@@ -134,6 +134,8 @@ pub struct Checkpoint {
     kept: HashMap<String, u64>,
     /// An earlier version's form was read: it goes after the first write.
     migrate: bool,
+    /// Without a store: a hash of the plain file's last snapshot.
+    legacy_kept: Option<u64>,
 }
 
 const STORED: &str = "api/pods";
@@ -188,6 +190,7 @@ impl Checkpoint {
             legacy,
             kept: HashMap::new(),
             migrate: false,
+            legacy_kept: None,
         }
     }
 
@@ -312,7 +315,7 @@ impl Checkpoint {
         }
         data.push(b']');
         let h = hash(&data);
-        if self.kept.get("") == Some(&h) {
+        if self.legacy_kept == Some(h) {
             return;
         }
         let legacy = self.legacy.clone();
@@ -321,7 +324,7 @@ impl Checkpoint {
                 .await;
         match written {
             Ok(Ok(())) => {
-                self.kept.insert(String::new(), h);
+                self.legacy_kept = Some(h);
             }
             Ok(Err(e)) => warn!(error = %e, "cannot write the pod checkpoint"),
             Err(_) => warn!("cannot write the pod checkpoint: its task failed"),
