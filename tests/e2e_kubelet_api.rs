@@ -743,7 +743,7 @@ async fn stats_summary_and_resource_metrics_measure_the_pods(rt: Rt) {
         dir.path(),
         "klstats",
         format!("kls{tag}r{ri}"),
-        &format!("10.203.{}.0/24", 100 + (std::process::id() % 70) * 2 + ri),
+        &format!("10.205.{}.0/24", 100 + (std::process::id() % 70) * 2 + ri),
     );
     let args = net.args(&dir.path().join("logs"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -48,7 +48,7 @@ fn join(rt: Rt, prefix: &str, slot: u32) -> Net {
         dir.path(),
         "klprobes",
         bridge,
-        &format!("10.202.{octet}.0/24"),
+        &format!("10.204.{octet}.0/24"),
     );
     let conf = net.conf.clone();
     let k = Kinglet::start_rt(

@@ -107,11 +107,19 @@ KINGLET_BIN=$KINGLET_BENCH_BIN PREBUILD=$prebuild setsid bash -c '
   nice -n 10 tests/vm/run.sh --arch amd64 --suite smoke >target/vm-smoke.log 2>&1 || rc=$?
   echo "$rc" >target/vm-smoke.rc' &
 vmjob=$!
-# One test binary at a time (cargo's default); within a binary, tests share
-# the control plane and use private node names, dirs and ports.
+# Two test binaries at a time (tests/parallel.py; the quick bench and
+# eviction alone), they mostly wait; within a binary, tests share the
+# control plane and use private node names, dirs, subnets and ports.
 set +e
-cargo test --workspace --locked --no-fail-fast -- --nocapture 2>&1 | tee target/test.log
-rc=${PIPESTATUS[0]}
+mkdir -p target/tests
+cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >target/tests/build.json
+rc=$?
+if [ "$rc" = 0 ]; then
+  python3 tests/parallel.py 2>&1 | tee target/test.log
+  rc=${PIPESTATUS[0]}
+  cargo test --workspace --locked --doc 2>&1 | tee -a target/test.log
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 phase "waiting for the conformance and add-on builds"
 wait "$prebuild" || { echo "the Go builds and the guest image (tests/prebuild.sh later) failed:" >&2; tail -n 40 target/prebuild-later.log >&2; exit 1; }
 phase "conformance: the fast subset (tests/conformance/ci-specs.txt), in-process"

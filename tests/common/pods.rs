@@ -55,8 +55,8 @@ pub fn sample_device_plugin_archive() -> &'static Path {
 }
 
 fn build_image(script: &str, stem: &str, args: &[&str]) -> PathBuf {
-    // In the cluster dir, one file of each kind replaced each run: runs
-    // leave nothing behind in /tmp.
+    // In the cluster dir, one file of each kind per test process, those of
+    // earlier runs removed: runs leave nothing behind in /tmp.
     let dir = super::cluster_dir().join("images");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(format!("{stem}-{}.tar", std::process::id()));
@@ -66,12 +66,15 @@ fn build_image(script: &str, stem: &str, args: &[&str]) -> PathBuf {
         .status()
         .unwrap();
     assert!(st.success());
+    // Another test binary running beside this one keeps its own: only the
+    // archives of processes that have ended go.
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let same_kind = name
+        let owner = name
             .strip_prefix(&format!("{stem}-"))
-            .is_some_and(|rest| rest.trim_end_matches(".tar").parse::<u32>().is_ok());
-        if e.path() != out && same_kind {
+            .and_then(|rest| rest.trim_end_matches(".tar").parse::<u32>().ok());
+        let ended = owner.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+        if e.path() != out && ended {
             let _ = std::fs::remove_file(e.path());
         }
     }
