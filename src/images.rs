@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use kinglet_runtime_oci::images::auth::{Credentials, RegistriesConfig};
+use kinglet_runtime_oci::images::download::Progress;
 use kinglet_runtime_oci::images::registry::Puller;
 use kinglet_runtime_oci::images::{ImageStore, Index, UnpackLimits, parse_reference};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,29 @@ pub fn puller(store: Arc<ImageStore>, registry_config: &Path) -> anyhow::Result<
     let cfg = RegistriesConfig::load(registry_config)
         .map_err(|e| anyhow::anyhow!("registry configuration: {e}"))?;
     Ok(Puller::new(store, cfg))
+}
+
+/// Awaits `pull`, printing its bytes (done of total) to stderr each
+/// second, as a progress line.
+async fn with_progress<T>(
+    image: &str,
+    progress: &Progress,
+    pull: impl std::future::Future<Output = T>,
+) -> T {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.tick().await;
+    tokio::pin!(pull);
+    loop {
+        tokio::select! {
+            out = &mut pull => return out,
+            _ = tick.tick() => {
+                let (done, total, _, _) = progress.snapshot();
+                if total > 0 {
+                    eprintln!("pulling {image}: {done} of {total} bytes");
+                }
+            }
+        }
+    }
 }
 
 /// Runs one `kinglet images` command.
@@ -68,8 +92,19 @@ pub async fn command(
                 }
                 None => Vec::new(),
             };
-            let rec = puller(store, registry_config)?.pull(&image, &creds).await?;
-            println!("pulled {image} ({})", short_id(&rec.id));
+            let puller = puller(store, registry_config)?;
+            let progress = Progress::default();
+            let rec = with_progress(
+                &image,
+                &progress,
+                puller.pull_observed(&image, &creds, &progress),
+            )
+            .await?;
+            let (_, _, fetched, reused) = progress.snapshot();
+            println!(
+                "pulled {image} ({}): {fetched} bytes fetched, {reused} resumed from disk",
+                short_id(&rec.id)
+            );
         }
         ImagesCommand::Ls => print!("{}", table(&store.read_index()?)),
         ImagesCommand::Rm { images } => {

@@ -929,6 +929,7 @@ fn node_context(
         }),
         credential_providers: None,
         devices: None,
+        image_pulls: Arc::new(pods::images::PullSlots::new(cfg.image_pull_slots())),
     }
 }
 

@@ -791,6 +791,32 @@ async fn credential_provider_plugins_authenticate_pulls(rt: Rt) {
     let bound = &claims["kubernetes.io"];
     assert_eq!(bound["pod"]["name"], format!("{name}-0"), "{claims}");
     assert_eq!(bound["serviceaccount"]["name"], "default", "{claims}");
+    // Upstream's Pulled event: the pull's time, and with the wait for a
+    // pull slot (serializeImagePulls).
+    let events: Api<Event> = Api::namespaced(admin.clone(), "default");
+    let pulled = wait_for("a Pulled event", Duration::from_secs(15), || async {
+        let evs = events.list(&ListParams::default()).await.ok()?;
+        evs.items.into_iter().find_map(|e| {
+            let about = e.regarding.as_ref()?.name.as_deref()? == format!("{name}-0");
+            (about && e.reason.as_deref() == Some("Pulled")).then_some(e.note?)
+        })
+    })
+    .await;
+    let prefix = format!("Successfully pulled image \"{image}\" in ");
+    let rest = pulled
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{pulled}"));
+    let (took, rest) = rest.split_once(" (").unwrap_or_else(|| panic!("{pulled}"));
+    let (waited, size) = rest
+        .split_once(" including waiting). Image size: ")
+        .unwrap_or_else(|| panic!("{pulled}"));
+    for d in [took, waited] {
+        assert!(d.ends_with('s') && d.len() > 2, "a Go duration: {pulled}");
+    }
+    let bytes = size
+        .strip_suffix(" bytes.")
+        .unwrap_or_else(|| panic!("{pulled}"));
+    assert!(bytes.parse::<u64>().is_ok_and(|b| b > 0), "{pulled}");
     for i in 0..2 {
         let _ = pods
             .delete(

@@ -190,7 +190,10 @@ pub struct KubeletConfiguration {
     pub oom_score_adj: i32,
     pub max_pods: i32,
     pub pod_pids_limit: i64,
+    /// Image pulls one at a time (upstream's default), or in parallel,
+    /// at most `maxParallelImagePulls` at once when that is set.
     pub serialize_image_pulls: bool,
+    pub max_parallel_image_pulls: Option<i32>,
     pub eviction_hard: Option<BTreeMap<String, String>>,
     pub eviction_soft: BTreeMap<String, String>,
     pub eviction_soft_grace_period: BTreeMap<String, String>,
@@ -257,6 +260,7 @@ impl Default for KubeletConfiguration {
             max_pods: 110,
             pod_pids_limit: -1,
             serialize_image_pulls: true,
+            max_parallel_image_pulls: None,
             eviction_hard: None,
             eviction_soft: BTreeMap::new(),
             eviction_soft_grace_period: BTreeMap::new(),
@@ -673,6 +677,7 @@ impl KubeletConfiguration {
                 format!("{} must be -1 (unlimited) or positive", self.pod_pids_limit),
             ));
         }
+        self.validate_image_pulls()?;
         if self.node_lease_duration_seconds <= 0 {
             return Err(field_err(
                 "nodeLeaseDurationSeconds",
@@ -696,6 +701,30 @@ impl KubeletConfiguration {
             }
         }
         Ok(())
+    }
+
+    /// `maxParallelImagePulls` as upstream validates it.
+    fn validate_image_pulls(&self) -> Result<(), ConfigError> {
+        match self.max_parallel_image_pulls {
+            Some(n) if n < 1 => Err(field_err(
+                "maxParallelImagePulls",
+                format!("{n} must be a positive number"),
+            )),
+            Some(n) if n > 1 && self.serialize_image_pulls => Err(field_err(
+                "maxParallelImagePulls",
+                format!("{n} cannot be larger than 1 unless serializeImagePulls is set to false"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// How many image pulls may run at once; `None`: no limit.
+    pub fn image_pull_slots(&self) -> Option<usize> {
+        if self.serialize_image_pulls {
+            return Some(1);
+        }
+        self.max_parallel_image_pulls
+            .and_then(|n| usize::try_from(n).ok())
     }
 
     /// The kubelet API's TLS and streaming settings.
@@ -992,6 +1021,17 @@ healthzPort: 10249
     }
 
     #[test]
+    fn image_pulls_are_serial_unless_asked() {
+        let slots = |y: &str| parse_ok(&format!("{HEAD}{y}")).0.image_pull_slots();
+        assert_eq!(slots(""), Some(1));
+        assert_eq!(slots("serializeImagePulls: false\n"), None);
+        assert_eq!(
+            slots("serializeImagePulls: false\nmaxParallelImagePulls: 3\n"),
+            Some(3)
+        );
+    }
+
+    #[test]
     fn json_is_accepted_too() {
         let (cfg, _) = parse_ok(
             r#"{"apiVersion":"kubelet.config.k8s.io/v1beta1","kind":"KubeletConfiguration","maxPods":12}"#,
@@ -1018,6 +1058,11 @@ healthzPort: 10249
         let cases: &[(&str, &str)] = &[
             ("maxPods: lots", "maxPods"),
             ("maxPods: 0", "maxPods"),
+            ("maxParallelImagePulls: 2", "maxParallelImagePulls"),
+            (
+                "serializeImagePulls: false\nmaxParallelImagePulls: 0",
+                "maxParallelImagePulls",
+            ),
             (
                 "evictionHard: {memory.available: plenty}",
                 "evictionHard[memory.available]",

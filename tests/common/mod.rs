@@ -4,6 +4,7 @@
 //! are killed and cleaned up when dropped.
 #![allow(dead_code)]
 
+pub mod cutter;
 pub mod gate;
 pub mod oci;
 pub mod pods;

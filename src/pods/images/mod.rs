@@ -1,7 +1,8 @@
 //! Images for a pod's containers: the pull policy, pulls with the pod's
 //! image pull secrets and the credential provider plugins' credentials
-//! ([`providers`]), and the image pull back-off, as upstream's
-//! `images/image_manager.go`. Runtime-neutral: the runtime pulls.
+//! ([`providers`]), the image pull back-off, and how many pulls run at
+//! once on the node ([`PullSlots`]), as upstream's `images/image_manager.go`
+//! and its serial and parallel pullers. Runtime-neutral: the runtime pulls.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,11 +23,37 @@ use crate::pods::util::ObjectSource;
 /// message.
 pub type Waiting = (WaitingReason, String);
 
+/// How many image pulls run at once on the node: one
+/// (`serializeImagePulls`, upstream's default), at most
+/// `maxParallelImagePulls`, or any number. Shared by every pod's worker.
+#[derive(Debug)]
+pub struct PullSlots(Option<Arc<tokio::sync::Semaphore>>);
+
+impl PullSlots {
+    /// `None`: no limit.
+    pub fn new(slots: Option<usize>) -> Self {
+        PullSlots(slots.map(|n| Arc::new(tokio::sync::Semaphore::new(n.max(1)))))
+    }
+
+    /// Waits for a slot; held until the permit drops.
+    async fn acquire(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        // The semaphore is never closed.
+        self.0.as_ref()?.clone().acquire_owned().await.ok()
+    }
+}
+
+impl Default for PullSlots {
+    fn default() -> Self {
+        PullSlots::new(Some(1))
+    }
+}
+
 /// Pulls images for one pod's worker and keeps its pull back-off.
 pub struct ImageManager {
     runtime: Arc<dyn Runtime>,
     objects: Option<Arc<dyn ObjectSource>>,
     providers: Option<Arc<providers::CredentialProviders>>,
+    slots: Arc<PullSlots>,
     backoff: BTreeMap<String, Backoff>,
 }
 
@@ -35,11 +62,13 @@ impl ImageManager {
         runtime: Arc<dyn Runtime>,
         objects: Option<Arc<dyn ObjectSource>>,
         providers: Option<Arc<providers::CredentialProviders>>,
+        slots: Arc<PullSlots>,
     ) -> Self {
         ImageManager {
             runtime,
             objects,
             providers,
+            slots,
             backoff: BTreeMap::new(),
         }
     }
@@ -108,14 +137,19 @@ impl ImageManager {
             format!("Pulling image \"{image}\""),
         )
         .await;
-        let started = Instant::now();
+        let waited_from = Instant::now();
         let auth = self.pull_auth(rep, pod, image).await;
-        match self.runtime.pull_image(image, &auth).await {
+        let permit = self.slots.acquire().await;
+        let started = Instant::now();
+        let pulled = self.runtime.pull_image(image, &auth).await;
+        drop(permit);
+        match pulled {
             Ok(info) => {
                 self.backoff.remove(image);
                 let msg = format!(
-                    "Successfully pulled image \"{image}\" in {:.3}s. Image size: {} bytes.",
-                    started.elapsed().as_secs_f64(),
+                    "Successfully pulled image \"{image}\" in {} ({} including waiting). Image size: {} bytes.",
+                    go_millis(started.elapsed()),
+                    go_millis(waited_from.elapsed()),
                     info.size
                 );
                 rep.event(pod, "Normal", "Pulled", msg).await;
@@ -192,4 +226,12 @@ impl ImageManager {
         }
         image::credentials_from_secrets(&raw, &reference.registry)
     }
+}
+
+/// A duration as Go prints one truncated to milliseconds, as upstream's
+/// `Pulled` event has it ("1.234s", "945ms").
+fn go_millis(d: std::time::Duration) -> crate::config::GoDuration {
+    crate::config::GoDuration(std::time::Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
 }

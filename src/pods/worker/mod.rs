@@ -70,6 +70,9 @@ pub struct NodeContext {
     /// The device manager: devices given at admission, applied to each
     /// container created.
     pub devices: Option<std::sync::Arc<crate::devices::DeviceManager>>,
+    /// How many image pulls run at once (`serializeImagePulls`,
+    /// `maxParallelImagePulls`).
+    pub image_pulls: std::sync::Arc<crate::pods::images::PullSlots>,
 }
 
 impl std::ops::Deref for NodeContext {
@@ -223,6 +226,7 @@ impl Worker {
             runtime.clone(),
             node.objects.clone(),
             node.credential_providers.clone(),
+            node.image_pulls.clone(),
         );
         let start_time = Time(node.clock.now());
         Worker {

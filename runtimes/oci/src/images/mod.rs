@@ -17,6 +17,7 @@
 
 pub mod archive;
 pub mod auth;
+pub mod download;
 pub mod platform;
 pub mod registry;
 pub mod unpack;
@@ -32,6 +33,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 pub use oci_client::Reference;
+
+/// How long an interrupted download is kept for a pull to resume it.
+const PARTIAL_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Errors of the image store, each mapping onto an upstream waiting reason.
 #[derive(Debug, thiserror::Error)]
@@ -312,7 +316,7 @@ impl ImageStore {
     /// processes.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
         let root = root.into();
-        for d in ["blobs/sha256", "layers/sha256", "tmp"] {
+        for d in ["blobs/sha256", "layers/sha256", "tmp", "partial"] {
             let p = root.join(d);
             std::fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
@@ -324,6 +328,7 @@ impl ImageStore {
             used: Default::default(),
         };
         store.clean_tmp();
+        store.clean_partial(PARTIAL_KEPT);
         Ok(store)
     }
 
@@ -335,6 +340,10 @@ impl ImageStore {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    pub fn limits(&self) -> &UnpackLimits {
+        &self.limits
     }
 
     /// The budget of a layer whose blob is `compressed` bytes: the smallest
@@ -394,6 +403,29 @@ impl ImageStore {
                 let _ = remove_path(&e.path());
             }
         }
+    }
+
+    /// Removes partial downloads nobody touched for `kept`: an image
+    /// nobody pulls any more should not hold disk.
+    fn clean_partial(&self, kept: std::time::Duration) {
+        let dir = self.root.join("partial");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age > kept);
+            if old {
+                let _ = remove_path(&e.path());
+            }
+        }
+    }
+
+    /// Where a download of `digest` is kept until it is whole
+    /// ([`download`]).
+    pub fn partial_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        Ok(self.root.join("partial").join(digest_hex(digest)?))
     }
 
     /// A fresh work directory of this process under `tmp/`.

@@ -1,7 +1,8 @@
 //! Pulling images from OCI / Docker v2 registries with `oci-client`:
 //! manifests and indexes resolved to this node's platform, every blob
 //! verified against its digest, layers streamed to disk with bounded
-//! concurrency, then unpacked and recorded in the store.
+//! concurrency (resumed after a cut: [`super::download`]), then unpacked
+//! and recorded in the store.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use tracing::{debug, info};
 
 use super::auth::{Credentials, Endpoint, RegistriesConfig};
+use super::download::{self, Blob, Progress};
 use super::platform::Platform;
 use super::{
     ImageError, ImageRecord, ImageStore, LayerRecord, canonical, du, parse_reference, sha256_digest,
@@ -125,7 +127,7 @@ fn new_client(ep: &Endpoint) -> Result<Client, OciDistributionError> {
     })
 }
 
-fn map_err(image: &str, e: OciDistributionError) -> ImageError {
+pub(super) fn map_err(image: &str, e: OciDistributionError) -> ImageError {
     let image = image.to_string();
     match e {
         OciDistributionError::AuthenticationFailure(m) => {
@@ -256,6 +258,17 @@ impl Puller {
         image: &str,
         secrets: &[Credentials],
     ) -> Result<ImageRecord, ImageError> {
+        self.pull_observed(image, secrets, &Progress::default())
+            .await
+    }
+
+    /// As [`Puller::pull`], counting its bytes into `progress`.
+    pub async fn pull_observed(
+        &self,
+        image: &str,
+        secrets: &[Credentials],
+        progress: &Progress,
+    ) -> Result<ImageRecord, ImageError> {
         let r = parse_reference(image)?;
         let name = canonical(&r);
         let gate = {
@@ -275,7 +288,7 @@ impl Puller {
         let mut first: Option<ImageError> = None;
         let n = endpoints.len();
         for (i, ep) in endpoints.into_iter().enumerate() {
-            match self.pull_from(&r, &ep, secrets).await {
+            match self.pull_from(&r, &ep, secrets, progress).await {
                 Ok(rec) => return Ok(rec),
                 Err(e) => {
                     let scheme = if ep.plain_http { "http" } else { "https" };
@@ -305,6 +318,7 @@ impl Puller {
         r: &Reference,
         ep: &Endpoint,
         secrets: &[Credentials],
+        progress: &Progress,
     ) -> Result<ImageRecord, ImageError> {
         let name = canonical(r);
         let target = endpoint_target(r, ep);
@@ -331,12 +345,17 @@ impl Puller {
             })
             .collect();
         let started = std::time::Instant::now();
+        let missing = layers.iter().filter(|l| !self.store.has_blob(&l.blob));
+        progress.total.fetch_add(
+            missing.map(|l| l.size).sum(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         futures::stream::iter(layers.clone())
             .map(|l| {
                 let client = client.clone();
                 let target = target.clone();
                 let name = name.clone();
-                async move { self.fetch_layer(&client, &target, &name, l).await }
+                async move { self.fetch_layer(&client, &target, &name, l, progress).await }
             })
             .buffer_unordered(MAX_CONCURRENT_DOWNLOADS)
             .try_collect::<Vec<()>>()
@@ -518,32 +537,17 @@ impl Puller {
         target: &Reference,
         image: &str,
         l: LayerRecord,
+        progress: &Progress,
     ) -> Result<(), ImageError> {
-        if !self.store.has_blob(&l.blob) {
-            super::digest_hex(&l.blob)?;
-            let dir = self.store.tmp_dir()?;
-            let tmp = dir.join("blob");
-            let file = tokio::fs::File::create(&tmp)
-                .await
-                .map_err(super::io_err(&tmp))?;
-            let mut w = tokio::io::BufWriter::with_capacity(64 * 1024, file);
-            let res = client.pull_blob(target, l.blob.as_str(), &mut w).await;
-            drop(w);
-            if let Err(e) = res {
-                let _ = super::remove_path(&dir);
-                return Err(map_err(image, e));
-            }
-            let store = self.store.clone();
-            let digest = l.blob.clone();
-            let t = tmp.clone();
-            tokio::task::spawn_blocking(move || store.commit_blob(&t, &digest))
-                .await
-                .map_err(|e| ImageError::Invalid {
-                    image: image.into(),
-                    message: e.to_string(),
-                })??;
-            let _ = super::remove_path(&dir);
-        }
+        let blob = Blob {
+            client,
+            target,
+            image,
+            digest: &l.blob,
+            size: l.size,
+        };
+        let max = self.store.limits().max_layer_bytes;
+        download::fetch(&self.store, &blob, max, progress).await?;
         let store = self.store.clone();
         let img = image.to_string();
         tokio::task::spawn_blocking(move || store.ensure_layer(&img, &l))
