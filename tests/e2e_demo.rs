@@ -1,6 +1,7 @@
 //! End to end: the README's demo command as a user meets it. The static
-//! kinglet (the one `tests/demo.sh` builds: `cross/build.sh`, which
-//! `tests/run.sh` runs first) runs `kinglet demo` offline under a private
+//! kinglet `tests/demo.sh` builds (`cross/build.sh TARGET --demo`, which
+//! `tests/run.sh` builds beside the other tests and runs this one after
+//! them) runs `kinglet demo` offline under a private
 //! root: the demo pod logs its first line, `kinglet pods ls` shows it
 //! Running, nothing is written outside the root (no CNI conflist in
 //! `/etc/cni/net.d`, no pod log in `/var/log/pods`), and Ctrl-C (SIGINT)
@@ -74,7 +75,7 @@ impl Drop for Demo {
 
 #[test]
 fn the_demo_runs_offline_and_ctrl_c_leaves_nothing_behind() {
-    let bin = common::static_kinglet();
+    let bin = common::demo_kinglet();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("demo-root");
     let cni_before = listing("/etc/cni/net.d");

@@ -9,7 +9,8 @@ reads as cargo's. The binaries that measure the machine run alone: the
 quick bench (its figures) and eviction (memory, disk and PID pressure of
 the whole host).
 
-Usage: tests/parallel.py [--jobs N]   (after the binaries are built:
+Usage: tests/parallel.py [--jobs N] [--skip NAME]... [--only NAME]...
+(after the binaries are built:
 cargo test --workspace --no-run --message-format=json > target/tests/build.json)
 """
 
@@ -104,12 +105,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--build-json", default="target/tests/build.json")
+    ap.add_argument("--skip", action="append", default=[], help="a binary not to run")
+    ap.add_argument("--only", action="append", default=[], help="run just these binaries")
     a = ap.parse_args()
     logs = Path("target/tests").resolve()
     logs.mkdir(parents=True, exist_ok=True)
-    all_jobs = binaries(a.build_json)
+    all_jobs = [
+        j for j in binaries(a.build_json)
+        if j[0] not in a.skip and (not a.only or j[0] in a.only)
+    ]
     if not all_jobs:
-        sys.exit(f"no test binaries in {a.build_json}")
+        sys.exit(f"no test binaries to run in {a.build_json}")
     alone = [j for j in all_jobs if j[0] in ALONE]
     paired = sorted(
         (j for j in all_jobs if j[0] not in ALONE),

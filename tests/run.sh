@@ -59,7 +59,8 @@ await_file() {
 export KINGLET_CLUSTER_DIR=${KINGLET_CLUSTER_DIR:-/tmp/kinglet-cluster}
 vmjob=
 armjob=
-trap 'tests/cluster/down.sh >/dev/null 2>&1 || true; kill -- -"$prebuild" 2>/dev/null || true; [ -z "$vmjob" ] || kill -- -"$vmjob" 2>/dev/null || true; [ -z "$armjob" ] || kill -- -"$armjob" 2>/dev/null || true' EXIT
+demojob=
+trap 'tests/cluster/down.sh >/dev/null 2>&1 || true; kill -- -"$prebuild" 2>/dev/null || true; for j in "$vmjob" "$armjob" "$demojob"; do [ -z "$j" ] || kill -- -"$j" 2>/dev/null || true; done' EXIT
 
 phase "lint"
 cargo fmt --all -- --check
@@ -81,6 +82,12 @@ rm -f target/armv7-check.rc
 # (In the cross build's target dir: the tests' own would make cargo wait.)
 CARGO_TARGET_DIR=${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target} setsid bash -c 'rc=0; nice -n 10 cross/check.sh armv7-unknown-linux-musleabihf >target/armv7-check.log 2>&1 || rc=$?; echo "$rc" >target/armv7-check.rc' &
 armjob=$!
+# The demo's own build (tests/demo.sh's: `cross/build.sh TARGET --demo`,
+# unoptimised; a target dir of its own), niced beside the tests, for the
+# demo's test, which runs after the others.
+rm -f target/demo-build.rc
+KINGLET_CROSS_TARGET_DIR=${KINGLET_DEMO_TARGET_DIR:-/var/cache/kinglet/demo-target} setsid bash -c 'rc=0; nice -n 10 cross/build.sh x86_64-unknown-linux-musl --demo >target/demo-build.log 2>&1 || rc=$?; echo "$rc" >target/demo-build.rc' &
+demojob=$!
 phase "the Yocto layer (packaging/yocto/check.py: no bitbake here)"
 packaging/yocto/prepare.sh x86_64-unknown-linux-musl
 python3 packaging/yocto/check.py x86_64
@@ -115,8 +122,17 @@ mkdir -p target/tests
 cargo test --workspace --locked --no-run --message-format=json-render-diagnostics >target/tests/build.json
 rc=$?
 if [ "$rc" = 0 ]; then
-  python3 tests/parallel.py 2>&1 | tee target/test.log
+  python3 tests/parallel.py --skip e2e_demo 2>&1 | tee target/test.log
   rc=${PIPESTATUS[0]}
+  wait "$demojob"
+  if [ "$(cat target/demo-build.rc 2>/dev/null)" = 0 ]; then
+    python3 tests/parallel.py --only e2e_demo 2>&1 | tee -a target/test.log
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  else
+    echo "the demo's build failed (target/demo-build.log):" | tee -a target/test.log
+    tail -n 40 target/demo-build.log
+    rc=1
+  fi
   cargo test --workspace --locked --doc 2>&1 | tee -a target/test.log
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi

@@ -82,6 +82,22 @@ pub fn static_kinglet() -> PathBuf {
     bin
 }
 
+/// The kinglet `tests/demo.sh` builds (`cross/build.sh TARGET --demo`;
+/// tests/run.sh builds it beside the tests and runs the demo's test last).
+pub fn demo_kinglet() -> PathBuf {
+    let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(&target)
+        .join("demo/kinglet");
+    assert!(
+        bin.exists(),
+        "{} is missing: run cross/build.sh {target} --demo first (tests/run.sh does)",
+        bin.display()
+    );
+    bin
+}
+
 /// The pid of a running control-plane component.
 pub fn component_pid(name: &str) -> i32 {
     let p = cluster_dir().join("pids").join(format!("{name}.pid"));
