@@ -19,7 +19,12 @@
 //!   with it), and, with BENCH_FS_DEV (a block device's name, e.g. `loop3`)
 //!   set, by the filesystem the node's dirs are on (sectors written to that
 //!   device after a `sync -f` of PATTERN at each end: journal and metadata
-//!   included, what flash wears from).
+//!   included, what flash wears from);
+//! - the pod start broken down over the same first pods: the mean time of
+//!   each runtime call a start makes (image status, sandbox with its
+//!   network, container create, start), from the node's
+//!   `kubelet_runtime_operations_duration_seconds` (kinglet and the upstream
+//!   kubelet both have it), read through the API server's node proxy.
 //!
 //! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS [IDLE_SECS [JSON_OUT]]]]
 //! PATTERN picks the node's processes by command line (its work dir);
@@ -339,6 +344,67 @@ struct Figures {
     /// Bytes written per pod start and per pod deletion.
     writes_start: Option<serde_json::Value>,
     writes_delete: Option<serde_json::Value>,
+    /// Mean duration of each runtime call over the first pods' starts.
+    breakdown: Option<serde_json::Value>,
+}
+
+/// The runtime calls of a pod start, in the order they come.
+const START_CALLS: [&str; 4] = [
+    "image_status",
+    "run_podsandbox",
+    "create_container",
+    "start_container",
+];
+
+/// Sum (seconds) and count of each runtime operation's durations so far,
+/// from the node's `/metrics` through the API server's node proxy.
+async fn runtime_ops(client: &kube::Client, node: &str) -> BTreeMap<String, (f64, f64)> {
+    let req = http::Request::get(format!("/api/v1/nodes/{node}/proxy/metrics"))
+        .body(Vec::new())
+        .unwrap();
+    let text = client.request_text(req).await.unwrap_or_default();
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    let name = "kubelet_runtime_operations_duration_seconds_";
+    for line in text.lines().filter_map(|l| l.strip_prefix(name)) {
+        let (kind, rest) = line.split_once('{').unwrap_or(("", ""));
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let op = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("operation_type=\""))
+            .map(|o| o.trim_end_matches('"').to_string());
+        let (Some(op), Ok(v)) = (op, value.trim().parse::<f64>()) else {
+            continue;
+        };
+        let e = out.entry(op).or_default();
+        match kind {
+            "sum" => e.0 = v,
+            "count" => e.1 = v,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Each start call's count and mean between two readings.
+fn breakdown(
+    after: &BTreeMap<String, (f64, f64)>,
+    before: &BTreeMap<String, (f64, f64)>,
+) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for op in START_CALLS {
+        let (s1, c1) = after.get(op).copied().unwrap_or_default();
+        let (s0, c0) = before.get(op).copied().unwrap_or_default();
+        let n = c1 - c0;
+        let mean = if n > 0.0 {
+            (s1 - s0) / n * 1000.0
+        } else {
+            f64::NAN
+        };
+        out.insert(op.into(), json!({"calls": n, "mean_ms": mean}));
+    }
+    serde_json::Value::Object(out)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -350,7 +416,7 @@ async fn main() {
         .await
         .unwrap();
     let client = kube::Client::try_from(cfg).unwrap();
-    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let mut fig = Figures::default();
     tokio::time::sleep(Duration::from_secs(5)).await;
     fig.memory.push(memory(&args.pattern, 0));
@@ -363,7 +429,8 @@ async fn main() {
         watcher::Config::default().labels("bench=kinglet"),
     )
     .boxed();
-    create_all(&args, &pods, &mut stream, &mut fig).await;
+    let ops0 = runtime_ops(&client, &args.node).await;
+    create_all(&args, &pods, &mut stream, &mut fig, (&client, &ops0)).await;
     if args.idle_secs > 0 {
         fig.cpu
             .push(idle_cpu(&args.pattern, args.idle_secs, args.total()).await);
@@ -383,7 +450,13 @@ async fn main() {
 
 /// Startup latency: created → Running seen through a watch, one pod after
 /// another; memory (and idle CPU below the top) at each level.
-async fn create_all(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &mut Figures) {
+async fn create_all(
+    args: &Args,
+    pods: &Api<Pod>,
+    stream: &mut PodEvents,
+    fig: &mut Figures,
+    (client, ops0): (&kube::Client, &BTreeMap<String, (f64, f64)>),
+) {
     let mut created: HashMap<String, Instant> = HashMap::new();
     let total = args.total();
     // Writes per pod start: over the first pods, up to the first level,
@@ -404,6 +477,7 @@ async fn create_all(args: &Args, pods: &Api<Pod>, stream: &mut PodEvents, fig: &
         if i + 1 == sample {
             tokio::time::sleep(Duration::from_secs(3)).await;
             fig.writes_start = Some(per_event(&Io::now(&args.pattern), &io0, sample));
+            fig.breakdown = Some(breakdown(&runtime_ops(client, &args.node).await, ops0));
         }
         if args.levels.contains(&(i + 1)) {
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -535,6 +609,19 @@ fn print(fig: &Figures) {
             c["fs_write_bytes_per_min"]
         );
     }
+    if let Some(b) = &fig.breakdown {
+        let parts: Vec<String> = START_CALLS
+            .iter()
+            .map(|op| {
+                let m = b[*op]["mean_ms"].as_f64().unwrap_or(f64::NAN);
+                format!("{op} {m:.1} ms ({} calls)", b[*op]["calls"])
+            })
+            .collect();
+        println!(
+            "pod start broken down (mean per runtime call): {}",
+            parts.join(", ")
+        );
+    }
     for (what, w) in [
         ("start", &fig.writes_start),
         ("deletion", &fig.writes_delete),
@@ -556,6 +643,7 @@ fn write_json(path: &str, fig: &Figures) {
         "delete_ms": del, "delete_p50_ms": pct(del, 0.5), "delete_p90_ms": pct(del, 0.9),
         "memory": fig.memory, "cpu": fig.cpu,
         "writes_per_start": fig.writes_start, "writes_per_delete": fig.writes_delete,
+        "start_breakdown": fig.breakdown,
     });
     std::fs::write(path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
 }

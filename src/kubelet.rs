@@ -100,9 +100,11 @@ impl Kubelet {
             store: None,
             devices: None,
         };
-        let started = k.start_runtime(&s).await?;
-        k.runtime = Some(started.runtime.clone());
+        let mut started = k.start_runtime(&s).await?;
         let metrics = Arc::new(crate::metrics::Metrics::new(&s.node_name));
+        started.runtime =
+            pods::kuberuntime::instrumented::Instrumented::wrap(started.runtime, metrics.clone());
+        k.runtime = Some(started.runtime.clone());
         let client = k.api_client(&s, &metrics).await?;
         let host = Host {
             machine: node::host::HostPaths::default().machine_info(),

@@ -2,7 +2,9 @@
 //! they exist: counters and histograms the pod parts update as things
 //! happen (probes, pod starts, PLEG relists), and gauges read at scrape
 //! time (running pods and containers), the certificates' time left and
-//! renewal errors, evictions. Served on the kubelet API's
+//! renewal errors, evictions, and every runtime call's count, errors and
+//! duration (upstream's `kubelet_runtime_operations_*`, recorded by
+//! [`crate::pods::kuberuntime::instrumented`]). Served on the kubelet API's
 //! `/metrics` as OpenMetrics text.
 
 use std::sync::Mutex;
@@ -36,6 +38,21 @@ pub struct SignalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation_type: &'static str,
+}
+
+/// A histogram with upstream's runtime operation buckets:
+/// `ExponentialBuckets(.005, 2.5, 14)`.
+type OperationHistograms = Family<OperationLabels, Histogram, fn() -> Histogram>;
+
+fn operation_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.005, 2.5, 14,
+    ))
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
     pub node: String,
 }
@@ -55,6 +72,9 @@ pub struct Metrics {
     server_ttl: Gauge,
     client_renew_errors: Counter,
     server_renew_errors: Counter,
+    runtime_operations: Family<OperationLabels, Counter>,
+    runtime_errors: Family<OperationLabels, Counter>,
+    runtime_durations: OperationHistograms,
     /// Encoding takes the registry by reference; scrapes are serialized.
     encode: Mutex<()>,
 }
@@ -89,6 +109,9 @@ impl Metrics {
             server_ttl: Gauge::default(),
             client_renew_errors: Counter::default(),
             server_renew_errors: Counter::default(),
+            runtime_operations: Family::default(),
+            runtime_errors: Family::default(),
+            runtime_durations: Family::new_with_constructor(operation_histogram),
             probes: Family::default(),
             pod_start,
             pleg_relist,
@@ -161,7 +184,35 @@ impl Metrics {
             "Counter of certificate renewal errors",
             self.server_renew_errors.clone(),
         );
+        r.register(
+            "kubelet_runtime_operations",
+            "Cumulative number of runtime operations by operation type",
+            self.runtime_operations.clone(),
+        );
+        r.register(
+            "kubelet_runtime_operations_errors",
+            "Cumulative number of runtime operation errors by operation type",
+            self.runtime_errors.clone(),
+        );
+        r.register(
+            "kubelet_runtime_operations_duration_seconds",
+            "Duration in seconds of runtime operations. Broken down by operation type",
+            self.runtime_durations.clone(),
+        );
         self
+    }
+
+    /// One runtime call: its operation type (upstream's names), how long
+    /// it took and whether it failed.
+    pub fn runtime_operation(&self, op: &'static str, took: Duration, failed: bool) {
+        let l = OperationLabels { operation_type: op };
+        self.runtime_operations.get_or_create(&l).inc();
+        self.runtime_durations
+            .get_or_create(&l)
+            .observe(took.as_secs_f64());
+        if failed {
+            self.runtime_errors.get_or_create(&l).inc();
+        }
     }
 
     /// A certificate's time left, in seconds.
@@ -235,6 +286,8 @@ mod tests {
         m.pod_started(Duration::from_millis(1500));
         m.relisted(Duration::from_millis(3));
         m.running_pods.set(2);
+        m.runtime_operation("create_container", Duration::from_millis(20), false);
+        m.runtime_operation("start_container", Duration::from_millis(5), true);
         let text = m.encode();
         for want in [
             "prober_probe_total{probe_type=\"Readiness\",result=\"successful\",container=\"c\",pod=\"p\",namespace=\"ns\",pod_uid=\"u\"} 1",
@@ -242,6 +295,9 @@ mod tests {
             "kubelet_pleg_relist_duration_seconds_bucket{le=\"0.005\"} 1",
             "kubelet_running_pods 2",
             "kubelet_node_name{node=\"pi\"} 1",
+            "kubelet_runtime_operations_total{operation_type=\"create_container\"} 1",
+            "kubelet_runtime_operations_errors_total{operation_type=\"start_container\"} 1",
+            "kubelet_runtime_operations_duration_seconds_bucket{le=\"0.03125\",operation_type=\"create_container\"} 1",
         ] {
             assert!(text.contains(want), "{want} missing from\n{text}");
         }

@@ -43,6 +43,10 @@ fn quick_benchmark_measures_all_three_nodes() {
             "pod deletion p50",
             // Every pod start writes its sandbox and container to disk.
             "writes per pod start: node filesystem",
+            // The start broken down, from the node's runtime call metrics.
+            "pod start, mean of the runtime call run_podsandbox",
+            "pod start, mean of the runtime call create_container",
+            "pod start, mean of the runtime call start_container",
         ] {
             assert!(
                 value(metric).as_f64().is_some_and(|v| v > 0.0),

@@ -106,6 +106,9 @@ for event, field in (("start", "writes_per_start"), ("deletion", "writes_per_del
 add("pod startup p50", "ms", lambda n: n["startup_p50_ms"])
 add("pod startup p90", "ms", lambda n: n["startup_p90_ms"])
 add("pod startup p99", "ms", lambda n: n["startup_p99_ms"])
+for op in ("image_status", "run_podsandbox", "create_container", "start_container"):
+    add(f"pod start, mean of the runtime call {op}", "ms",
+        lambda n, op=op: n["start_breakdown"][op]["mean_ms"])
 add("pod deletion p50", "ms", lambda n: n["delete_p50_ms"])
 add("pod deletion p90", "ms", lambda n: n["delete_p90_ms"])
 pressure = {}

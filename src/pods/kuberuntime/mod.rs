@@ -8,6 +8,7 @@
 
 pub mod container;
 pub mod env;
+pub mod instrumented;
 pub mod plan;
 pub mod resize;
 pub mod sandbox;
