@@ -23,17 +23,21 @@
 # (pressure_report.py) and, in the full run, the results' pressure rows.
 # Output: a table on stdout, target/bench/results.{json,md}, and plots
 # (matplotlib) target/bench/memory.svg and target/bench/startup.svg.
-#   tests/bench/run.sh [--quick | --probes | --pressure | --writes [SECS]]
+#   tests/bench/run.sh [--quick | --probes | --pressure | --writes [SECS] | --scale]
 # (--quick: fewer pods and samples; --probes: 30 pods each with a readiness
 # probe over HTTP and a liveness probe by exec, every 1-10 s, and the CPU
 # and memory that costs, into target/bench/probes/; --writes: the write
 # budget alone, idle windows of SECS (default 600) at 0, 10 and 110 pods,
-# into target/bench/writes/)
+# into target/bench/writes/; --scale: maxPods 500 and the curve at 110,
+# 250 and 500 pods (memory, idle CPU and writes, API requests), pod
+# networks of /22, into target/bench/scale/; BENCH_NODES picks the nodes,
+# e.g. "kubelet-containerd kinglet-oci")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=lib.sh
 . tests/bench/lib.sh
-quick=0 out=target/bench pressure=0 main=1 measure_pressure=0
+quick=0 out=target/bench pressure=0 main=1 measure_pressure=0 max_pods=110
+nodes=${BENCH_NODES:-kubelet-containerd kinglet-oci kinglet-cri}
 [ "${1:-}" = --quick ] && quick=1
 if [ "$quick" = 1 ]; then
   pods=10 levels=10 idle=5
@@ -43,6 +47,9 @@ elif [ "${1:-}" = --pressure ]; then
 elif [ "${1:-}" = --writes ]; then
   pods=10 levels=10,110 idle=${2:-600} out=target/bench/writes
   export BENCH_DELETES=10
+elif [ "${1:-}" = --scale ]; then
+  pods=50 levels=110,250,500 idle=60 out=target/bench/scale max_pods=500
+  export BENCH_DELETES=20
 elif [ "${1:-}" = --probes ]; then
   pods=30 levels=30 idle=60 out=target/bench/probes
   export BENCH_PROBES=1 BENCH_DELETES=10
@@ -171,7 +178,9 @@ run_node() {
       mkdir -p "$dir/containerd/state"
       mount -t tmpfs -o size=256m,mode=0711 tmpfs "$dir/containerd/state"
       ln -s "$logs/$kind.containerd.log" "$dir/containerd/containerd.log"
-      endpoint=$(tests/cluster/containerd-up.sh "$dir/containerd" | tail -n1)
+      local subnet=""
+      [ "$max_pods" -gt 250 ] && subnet=10.208.$(( $$ % 60 * 4 )).0/22
+      endpoint=$(CONTAINERD_SUBNET=${subnet:-${CONTAINERD_SUBNET:-}} tests/cluster/containerd-up.sh "$dir/containerd" | tail -n1)
       ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import "$work/busybox.tar" >/dev/null
       bridge=$(tr -d '\n ' < "$dir/containerd/net.d/10-kinglet-test.conflist" | grep -o '"bridge":"[^"]*"' | cut -d'"' -f4)
       ;;
@@ -179,8 +188,10 @@ run_node() {
       "$kinglet_bin" --root-dir "$dir/root" images import "$work/busybox.tar" >/dev/null
       bridge=kbo$(( $$ % 100000 ))
       mkdir -p "$dir/net.d"
-      printf '{"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge", "bridge": "%s", "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.209.%d.0/24"}]], "dataDir": "%s/ipam"}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}\n' \
-        "$bridge" $(( $$ % 250 )) "$dir" > "$dir/net.d/10-bench.conflist"
+      local subnet=10.209.$(( $$ % 250 )).0/24
+      [ "$max_pods" -gt 250 ] && subnet=10.209.$(( $$ % 60 * 4 )).0/22
+      printf '{"cniVersion": "1.0.0", "name": "bench", "plugins": [{"type": "bridge", "bridge": "%s", "isGateway": true, "ipMasq": false, "ipam": {"type": "host-local", "ranges": [[{"subnet": "%s"}]], "dataDir": "%s/ipam"}}, {"type": "portmap", "capabilities": {"portMappings": true}}]}\n' \
+        "$bridge" "$subnet" "$dir" > "$dir/net.d/10-bench.conflist"
       ;;
   esac
   case $kind in
@@ -206,6 +217,7 @@ podLogsDir: $dir/logs
 resolvConf: /etc/resolv.conf
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+maxPods: $max_pods
 YAML
       if [ "$pressure" = 1 ]; then
         printf '%s\nevictionHard: {allocatableMemory.available: 150Mi}\n' "$extra" >> "$dir/config.yaml"
@@ -220,6 +232,7 @@ YAML
       printf 'apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nhealthzPort: 0\nport: %s\nauthentication: {x509: {clientCAFile: %s}}\n' \
         "$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')" "$KINGLET_CLUSTER_DIR/pki/ca.crt" > "$dir/config.yaml"
       [ "$pressure" = 1 ] && printf '%s\nevictionHard: {allocatableMemory.available: 150Mi}\n' "$extra" >> "$dir/config.yaml"
+      echo "maxPods: $max_pods" >> "$dir/config.yaml"
       local rt_args=(--cni-conf-dir "$dir/net.d")
       [ "$kind" = kinglet-cri ] && rt_args=(--runtime cri --container-runtime-endpoint "$endpoint")
       "$kinglet_bin" --config "$dir/config.yaml" --kubeconfig "$kc" --hostname-override "$node" \
@@ -290,7 +303,7 @@ PY
 }
 
 if [ "$main" = 1 ]; then
-  for kind in kubelet-containerd kinglet-oci kinglet-cri; do
+  for kind in $nodes; do
     run_node "$kind"
   done
 fi
@@ -304,4 +317,6 @@ if [ "$measure_pressure" = 1 ]; then
   export BENCH_PRESSURE=1
   [ "$main" = 1 ] || exit 0
 fi
-python3 tests/bench/report.py "$out" "$quick" "$(( $(date +%s) - start ))" "$work"/kubelet-containerd.json "$work"/kinglet-oci.json "$work"/kinglet-cri.json
+results=()
+for kind in $nodes; do results+=("$work/$kind.json"); done
+python3 tests/bench/report.py "$out" "$quick" "$(( $(date +%s) - start ))" "${results[@]}"
