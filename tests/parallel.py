@@ -19,8 +19,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+# A binary still running after this long is killed and fails (its log says
+# how far it got).
+TIMEOUT = 1800
 
 # Binaries that must have the machine to themselves.
 ALONE = {"e2e_bench", "e2e_eviction"}
@@ -33,7 +38,7 @@ WEIGHT = {
     "e2e_kubelet_api": 117, "e2e_probes": 88, "e2e_api_pods": 75,
     "e2e_churn": 49, "e2e_packaging": 44, "e2e_hostile": 33,
     "e2e_devices": 28, "e2e_volumes": 27, "e2e_hostile_api": 23,
-    "e2e_images": 17, "kinglet(lib)": 12, "e2e_resize": 12,
+    "e2e_images": 26, "kinglet(lib)": 12, "e2e_resize": 12,
     "e2e_cri": 10, "e2e_apiserver_restart": 10,
 }
 
@@ -53,8 +58,7 @@ def binaries(build_json):
         t = m["target"]
         pkg_dir = str(Path(m["manifest_path"]).parent)
         if "lib" in t["kind"] or "bin" in t["kind"]:
-            pkg = m["package_id"].split("#")[-1].split("@")[0].split("/")[-1]
-            name = f"{pkg}({t['kind'][0]})"
+            name = f"{t['name']}({t['kind'][0]})"
         else:
             name = t["name"]
         out.append((name, m["executable"], pkg_dir))
@@ -68,6 +72,9 @@ def start(job, logs):
     p = subprocess.Popen(
         [exe, "--nocapture"], cwd=pkg_dir, env=env, stdout=log, stderr=subprocess.STDOUT
     )
+    timer = threading.Timer(TIMEOUT, p.kill)
+    timer.daemon = True
+    timer.start()
     return p, log, time.monotonic()
 
 

@@ -2,7 +2,8 @@
 //! registry, it relays requests one per connection and, once armed, closes
 //! the connection of the next response for a given path after a number of
 //! body bytes, as a cellular link that drops. It records every request's
-//! path and `Range` header and the body bytes it relayed.
+//! path and `Range` header and the body bytes it relayed. It can also
+//! drop `Range` headers, as a registry or proxy that ignores them.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -24,6 +25,8 @@ pub struct Seen {
 struct State {
     /// (path suffix, body bytes after which to cut) for the next match.
     cut: Option<(String, u64)>,
+    /// Requests go upstream without their `Range` header.
+    no_ranges: bool,
     seen: Vec<Seen>,
 }
 
@@ -60,6 +63,11 @@ impl Cutter {
         self.state.lock().unwrap().cut = Some((suffix.to_string(), bytes));
     }
 
+    /// Whether requests lose their `Range` header on the way.
+    pub fn drop_ranges(&self, on: bool) {
+        self.state.lock().unwrap().no_ranges = on;
+    }
+
     /// What was relayed so far, and forgets it.
     pub fn take(&self) -> Vec<Seen> {
         std::mem::take(&mut self.state.lock().unwrap().seen)
@@ -94,12 +102,17 @@ fn read_head(s: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     }
 }
 
-/// The head with `Connection: close` in place of any `Connection` header.
-fn closing(head: &str) -> String {
+/// The head with `Connection: close` in place of any `Connection` header,
+/// and without `Range` if `no_ranges`.
+fn closing(head: &str, no_ranges: bool) -> String {
     let mut lines: Vec<&str> = head
         .trim_end()
         .split("\r\n")
-        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            let dropped = l.starts_with("connection:") || (no_ranges && l.starts_with("range:"));
+            !dropped
+        })
         .collect();
     lines.push("Connection: close");
     format!("{}\r\n\r\n", lines.join("\r\n"))
@@ -121,7 +134,8 @@ fn relay(mut client: TcpStream, upstream: &str, state: &Mutex<State>) {
     let Ok(mut up) = TcpStream::connect(upstream) else {
         return;
     };
-    if up.write_all(closing(&head).as_bytes()).is_err() {
+    let no_ranges = state.lock().unwrap().no_ranges;
+    if up.write_all(closing(&head, no_ranges).as_bytes()).is_err() {
         return;
     }
     let Some((rhead, mut body)) = read_head(&mut up) else {
@@ -139,7 +153,7 @@ fn relay(mut client: TcpStream, upstream: &str, state: &Mutex<State>) {
         }
     };
     let status = rhead.split(' ').nth(1).unwrap_or_default().to_string();
-    let _ = client.write_all(closing(&rhead).as_bytes());
+    let _ = client.write_all(closing(&rhead, false).as_bytes());
     let mut sent = 0u64;
     let mut chunk = vec![0u8; 64 * 1024];
     loop {

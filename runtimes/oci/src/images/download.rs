@@ -75,6 +75,8 @@ enum Copied {
 }
 
 /// Fetches `b` into the store unless it is there, resuming a partial file.
+/// The partial file's lock is held until the blob is committed or
+/// discarded.
 pub async fn fetch(
     store: &Arc<ImageStore>,
     b: &Blob<'_>,
@@ -84,10 +86,20 @@ pub async fn fetch(
     if store.has_blob(b.digest) {
         return Ok(());
     }
+    if b.size > max_bytes {
+        return Err(ImageError::Invalid {
+            image: b.image.into(),
+            message: format!(
+                "layer {} of {} bytes is over the {max_bytes}-byte limit",
+                b.digest, b.size
+            ),
+        });
+    }
     let path = store.partial_path(b.digest)?;
     let file = lock(path.clone()).await?;
     // Another download (this process or another) may have finished it.
     if store.has_blob(b.digest) {
+        let _ = tokio::fs::remove_file(&path).await;
         return Ok(());
     }
     let bound = if b.size > 0 { b.size } else { max_bytes };
@@ -99,34 +111,52 @@ pub async fn fetch(
             bytes = have,
             "resuming a download"
         );
-        progress.add(&progress.reused, have);
     }
-    progress.add(&progress.done, have);
-    let partial = Partial {
+    let mut p = Partial {
         file: tokio::fs::File::from_std(file),
         hasher,
         have,
         bound,
         path: &path,
+        reused: have,
     };
-    let hasher = download(b, partial, progress).await?;
-    let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
+    progress.add(&progress.reused, have);
+    progress.add(&progress.done, have);
+    let mut actual = download(b, &mut p, progress).await?;
+    if actual != b.digest && have > 0 {
+        // What a crash left on disk may not be what the registry has:
+        // once more, from the start.
+        warn!(
+            image = b.image,
+            blob = b.digest,
+            "a resumed download does not match its digest; from the start"
+        );
+        p.restart(progress).await?;
+        actual = download(b, &mut p, progress).await?;
+    }
     if actual != b.digest {
-        let _ = std::fs::remove_file(&path);
+        drop(p.file);
+        let _ = tokio::fs::remove_file(&path).await;
         return Err(ImageError::Digest {
             what: format!("{}: blob", b.image),
             expected: b.digest.into(),
             actual,
         });
     }
+    let file = p.file.into_std().await;
     let store = store.clone();
     let digest = b.digest.to_string();
-    tokio::task::spawn_blocking(move || store.commit_blob(&path, &digest))
-        .await
-        .map_err(|e| ImageError::Invalid {
-            image: b.image.into(),
-            message: e.to_string(),
-        })?
+    tokio::task::spawn_blocking(move || {
+        let done = store.commit_blob(&path, &digest);
+        // Unlocked only now: a waiter finds the blob committed.
+        drop(file);
+        done
+    })
+    .await
+    .map_err(|e| ImageError::Invalid {
+        image: b.image.into(),
+        message: e.to_string(),
+    })?
 }
 
 /// Opens and locks the partial file at `path` (waiting for another
@@ -203,45 +233,59 @@ struct Partial<'a> {
     have: u64,
     bound: u64,
     path: &'a Path,
+    /// Bytes found on disk and counted as reused.
+    reused: u64,
 }
 
 /// Requests and writes the rest of the blob, again after a cut, until it
-/// is whole or the attempts run out; the hash of all its bytes.
+/// is whole or the attempts run out; the digest of all its bytes.
 async fn download(
     b: &Blob<'_>,
-    mut p: Partial<'_>,
+    p: &mut Partial<'_>,
     progress: &Progress,
-) -> Result<Sha256, ImageError> {
+) -> Result<String, ImageError> {
     let (mut attempts, mut stalled) = (0u32, 0u32);
     while b.size == 0 || p.have < b.size {
         attempts += 1;
         let before = p.have;
-        let ended = match b
+        let asked = b
             .client
-            .pull_blob_stream_partial(b.target, b.digest, p.have, None)
-            .await
-        {
+            .pull_blob_stream_partial(b.target, b.digest, p.have, None);
+        let ended = match asked.await {
             Ok(BlobResponse::Partial(s)) => p.copy(s, b.image, progress).await?,
             Ok(BlobResponse::Full(s)) => {
                 p.restart(progress).await?;
                 p.copy(s, b.image, progress).await?
             }
             Err(e) if transient(&e) => Copied::Cut(std::io::Error::other(e)),
-            Err(e) => return Err(super::registry::map_err(b.image, e)),
-        };
-        match ended {
-            Copied::Ended if b.size == 0 || p.have == b.size => break,
-            Copied::Ended => {}
-            Copied::Cut(e) => {
-                warn!(image = b.image, blob = b.digest, bytes = p.have, error = %e, "download cut; resuming")
+            Err(e) => {
+                p.discard().await;
+                return Err(super::registry::map_err(b.image, e));
             }
-        }
+        };
+        let cause = match ended {
+            Copied::Ended if b.size == 0 || p.have == b.size => break,
+            Copied::Ended => {
+                // The registry sent all it has and it is short of the
+                // descriptor: not a cut; nothing to resume.
+                p.discard().await;
+                return Err(ImageError::Invalid {
+                    image: b.image.into(),
+                    message: format!(
+                        "blob {} ended at {} of the {} bytes its descriptor states",
+                        b.digest, p.have, b.size
+                    ),
+                });
+            }
+            Copied::Cut(e) => e,
+        };
+        warn!(image = b.image, blob = b.digest, bytes = p.have, error = %cause, "download cut; resuming");
         stalled = if p.have > before { 0 } else { stalled + 1 };
         if stalled >= STALLED_ATTEMPTS || attempts >= MAX_ATTEMPTS {
             return Err(ImageError::Registry {
                 image: b.image.into(),
                 message: format!(
-                    "download of {} stopped at {} of {} bytes (kept for the next pull)",
+                    "download of {} stopped at {} of {} bytes (kept for the next pull): {cause}",
                     b.digest, p.have, b.size
                 ),
             });
@@ -249,7 +293,8 @@ async fn download(
         tokio::time::sleep(Duration::from_secs(1 << stalled.min(3))).await;
     }
     p.file.sync_data().await.map_err(io_err(p.path))?;
-    Ok(p.hasher)
+    let hasher = std::mem::take(&mut p.hasher);
+    Ok(format!("sha256:{}", hex::encode(hasher.finalize())))
 }
 
 /// Errors of the link, worth another attempt; the registry's answers are
@@ -257,18 +302,31 @@ async fn download(
 fn transient(e: &OciDistributionError) -> bool {
     matches!(
         e,
-        OciDistributionError::RequestError(_) | OciDistributionError::IoError(_)
+        OciDistributionError::RequestError(_)
+            | OciDistributionError::IoError(_)
+            | OciDistributionError::ServerError {
+                code: 408 | 429 | 500 | 502 | 503 | 504,
+                ..
+            }
     )
 }
 
 impl Partial<'_> {
-    /// Empties the file: the registry ignored the range and sends it all.
+    /// Empties the file: the registry ignored the range and sends it all,
+    /// or what was on disk did not match.
     async fn restart(&mut self, progress: &Progress) -> Result<(), ImageError> {
         self.file.set_len(0).await.map_err(io_err(self.path))?;
         self.file.rewind().await.map_err(io_err(self.path))?;
         progress.done.fetch_sub(self.have, Ordering::Relaxed);
-        (self.hasher, self.have) = (Sha256::new(), 0);
+        progress.reused.fetch_sub(self.reused, Ordering::Relaxed);
+        (self.hasher, self.have, self.reused) = (Sha256::new(), 0, 0);
         Ok(())
+    }
+
+    /// Drops what is on disk: it cannot become the blob.
+    async fn discard(&mut self) {
+        let _ = self.file.set_len(0).await;
+        let _ = tokio::fs::remove_file(self.path).await;
     }
 
     /// Writes one response body, hashing it, never past the bound.
@@ -288,7 +346,7 @@ impl Partial<'_> {
             let n = chunk.len() as u64;
             if self.have + n > self.bound {
                 drop(w);
-                let _ = std::fs::remove_file(self.path);
+                self.discard().await;
                 return Err(ImageError::Invalid {
                     image: image.into(),
                     message: format!(
@@ -297,7 +355,14 @@ impl Partial<'_> {
                     ),
                 });
             }
-            w.write_all(&chunk).await.map_err(io_err(self.path))?;
+            if let Err(e) = w.write_all(&chunk).await {
+                // A full disk keeps nothing half-written for later.
+                drop(w);
+                if e.raw_os_error() == Some(28) {
+                    self.discard().await;
+                }
+                return Err(io_err(self.path)(e));
+            }
             self.hasher.update(&chunk);
             self.have += n;
             progress.add(&progress.done, n);

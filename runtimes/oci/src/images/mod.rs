@@ -410,13 +410,19 @@ impl ImageStore {
     fn clean_partial(&self, kept: std::time::Duration) {
         let dir = self.root.join("partial");
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            // A time in the future (a board whose clock was set back) is
+            // young: its download is kept.
             let old = e
                 .metadata()
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age > kept);
-            if old {
+                .is_some_and(|age| age > kept);
+            // One another process is writing into is locked: kept.
+            let idle = std::fs::File::open(e.path()).is_ok_and(|f| {
+                rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+            });
+            if old && idle {
                 let _ = remove_path(&e.path());
             }
         }
