@@ -80,11 +80,14 @@ impl ImageManager {
 
     /// Ensures the container's image per its pull policy; returns what the
     /// runtime reports of it (its user, for runAsNonRoot).
+    /// `cancel` resolving (the pod is being terminated) ends a pull or
+    /// its wait for a pull slot, with no event and no back-off.
     pub async fn ensure(
         &mut self,
         rep: &Reporter,
         pod: &Pod,
         c: &Container,
+        cancel: impl std::future::Future<Output = ()>,
     ) -> Result<ImageInfo, Waiting> {
         let image = c.image.clone().unwrap_or_default();
         let policy = c
@@ -126,7 +129,13 @@ impl ImageManager {
                 format!("Back-off pulling image \"{image}\""),
             ));
         }
-        self.pull(rep, pod, &image).await
+        tokio::select! {
+            pulled = self.pull(rep, pod, &image) => pulled,
+            _ = cancel => Err((
+                WaitingReason::ErrImagePull,
+                format!("pulling image \"{image}\" cancelled: the pod is being terminated"),
+            )),
+        }
     }
 
     async fn pull(&mut self, rep: &Reporter, pod: &Pod, image: &str) -> Result<ImageInfo, Waiting> {

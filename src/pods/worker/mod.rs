@@ -495,6 +495,22 @@ impl Worker {
         }
     }
 
+    /// Resolves once an update asks the pod to terminate (never without
+    /// updates): what ends a wait that should not outlive the pod.
+    fn terminating(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let rx = self.updates.clone();
+        async move {
+            match rx {
+                Some(mut rx) => {
+                    if rx.wait_for(|u| u.wants_termination()).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
     /// The containers probes watch: running regular containers and sidecars.
     fn probed<'p>(
         pod: &'p Pod,
@@ -950,7 +966,8 @@ impl Worker {
         c: &Container,
         attempt: u32,
     ) -> Result<(), (WaitingReason, String, bool)> {
-        let image = match self.images.ensure(&self.rep, pod, c).await {
+        let cancel = self.terminating();
+        let image = match self.images.ensure(&self.rep, pod, c, cancel).await {
             Ok(image) => image,
             // Pull failures have the image back-off of their own.
             Err((reason, msg)) => return Err((reason, msg, !reason.is_pull_failure())),
@@ -1175,7 +1192,9 @@ impl Worker {
                 image_pull_policy: src.pull_policy.clone(),
                 ..Default::default()
             };
-            if let Err((reason, msg)) = self.images.ensure(&self.rep, pod, &as_container).await {
+            let cancel = self.terminating();
+            let pulled = self.images.ensure(&self.rep, pod, &as_container, cancel);
+            if let Err((reason, msg)) = pulled.await {
                 return Err((reason, msg, !reason.is_pull_failure()));
             }
         }
