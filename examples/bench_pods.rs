@@ -24,7 +24,8 @@
 //!   each runtime call a start makes (image status, sandbox with its
 //!   network, container create, start), from the node's
 //!   `kubelet_runtime_operations_duration_seconds` (kinglet and the upstream
-//!   kubelet both have it), read through the API server's node proxy.
+//!   kubelet both have it), read from the node's port with the cluster
+//!   admin's certificate (KINGLET_CLUSTER_DIR/pki).
 //!
 //! cargo run --release --example bench_pods -- ADMIN_KUBECONFIG NODE PATTERN [PODS [LEVELS [IDLE_SECS [JSON_OUT]]]]
 //! PATTERN picks the node's processes by command line (its work dir);
@@ -357,12 +358,33 @@ const START_CALLS: [&str; 4] = [
 ];
 
 /// Sum (seconds) and count of each runtime operation's durations so far,
-/// from the node's `/metrics` through the API server's node proxy.
+/// from the node's `/metrics`, straight from its port with the cluster
+/// admin's client certificate (the API server's node proxy refuses
+/// loopback nodes).
 async fn runtime_ops(client: &kube::Client, node: &str) -> BTreeMap<String, (f64, f64)> {
-    let req = http::Request::get(format!("/api/v1/nodes/{node}/proxy/metrics"))
-        .body(Vec::new())
-        .unwrap();
-    let text = client.request_text(req).await.unwrap_or_default();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let port = nodes
+        .get(node)
+        .await
+        .ok()
+        .and_then(|n| n.status?.daemon_endpoints?.kubelet_endpoint?.port.into());
+    let pki = format!(
+        "{}/pki",
+        std::env::var("KINGLET_CLUSTER_DIR").unwrap_or_else(|_| "/tmp/kinglet-cluster".into())
+    );
+    let text = port
+        .and_then(|port| {
+            std::process::Command::new("curl")
+                .args(["-sfk", "--max-time", "10", "--cert"])
+                .arg(format!("{pki}/admin.crt"))
+                .arg("--key")
+                .arg(format!("{pki}/admin.key"))
+                .arg(format!("https://127.0.0.1:{port}/metrics"))
+                .output()
+                .ok()
+        })
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     let name = "kubelet_runtime_operations_duration_seconds_";
     for line in text.lines().filter_map(|l| l.strip_prefix(name)) {
