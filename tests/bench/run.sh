@@ -69,9 +69,10 @@ else
   cargo build --release --locked --bin kinglet >&2
   kinglet_bin=$tdir/release/kinglet
 fi
-if [ "$quick" = 1 ]; then
+if [ "$quick" = 1 ] || [ "$max_pods" -gt 110 ]; then
   # The load driver: a debug build in the quick run (its figures are not
-  # the README's), optimised in the full run.
+  # the README's) and the scale run (a watch client; the figures are of
+  # the node's processes), optimised in the full run.
   cargo build --locked --example bench_pods >&2
   bench_pods=$tdir/debug/examples/bench_pods
 else
