@@ -155,12 +155,13 @@ pub(crate) fn container_status(
 /// hierarchy root), read as upstream's cAdvisor reads them
 /// ([`kinglet_runtime::cgstats`]).
 pub(crate) fn cgroup_usage(root: &Path, path: &str, id: String, pod_uid: String) -> Usage {
-    let s = kinglet_runtime::cgstats::CgroupStats::read(root, Hierarchy::detect(root), path);
+    let (cpu, working_set) =
+        kinglet_runtime::cgstats::CgroupStats::read_usage(root, Hierarchy::detect(root), path);
     Usage {
         id,
         pod_uid,
-        cpu_usage_core_nanos: s.cpu.usage_ns,
-        memory_working_set_bytes: s.memory.working_set,
+        cpu_usage_core_nanos: cpu,
+        memory_working_set_bytes: working_set,
         ..Usage::default()
     }
 }
