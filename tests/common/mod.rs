@@ -65,18 +65,25 @@ pub fn cluster_up_again() {
     run_script("up.sh", &[]);
 }
 
-/// The static kinglet for this machine's architecture, as `tests/demo.sh`
-/// and the packages build it (`cross/build.sh`, which `tests/run.sh` runs
-/// before the tests).
+/// The static kinglet for this machine's architecture, as the packages
+/// build it (`cross/build.sh`, which `tests/run.sh` runs before the
+/// tests).
 pub fn static_kinglet() -> PathBuf {
+    musl_kinglet("release", "")
+}
+
+/// `target/<arch>-unknown-linux-musl/<profile>/kinglet`, which
+/// `cross/build.sh <target> <flag>` makes.
+fn musl_kinglet(profile: &str, flag: &str) -> PathBuf {
     let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
     let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target")
         .join(&target)
-        .join("release/kinglet");
+        .join(profile)
+        .join("kinglet");
     assert!(
         bin.exists(),
-        "{} is missing: run cross/build.sh {target} first (tests/run.sh does)",
+        "{} is missing: run cross/build.sh {target}{flag} first (tests/run.sh does)",
         bin.display()
     );
     bin
@@ -85,17 +92,7 @@ pub fn static_kinglet() -> PathBuf {
 /// The kinglet `tests/demo.sh` builds (`cross/build.sh TARGET --demo`;
 /// tests/run.sh builds it beside the tests and runs the demo's test last).
 pub fn demo_kinglet() -> PathBuf {
-    let target = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target")
-        .join(&target)
-        .join("demo/kinglet");
-    assert!(
-        bin.exists(),
-        "{} is missing: run cross/build.sh {target} --demo first (tests/run.sh does)",
-        bin.display()
-    );
-    bin
+    musl_kinglet("demo", " --demo")
 }
 
 /// The pid of a running control-plane component.

@@ -165,19 +165,7 @@ pub async fn fetch(
 async fn lock(path: PathBuf) -> Result<std::fs::File, ImageError> {
     tokio::task::spawn_blocking(move || {
         loop {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(io_err(&path))?;
-            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
-                ImageError::Io {
-                    path: path.display().to_string(),
-                    source: e.into(),
-                }
-            })?;
+            let file = super::locked_file(&path)?;
             let held = rustix::fs::fstat(&file).map(|s| s.st_ino).ok();
             let named = rustix::fs::stat(&path).map(|s| s.st_ino).ok();
             if held.is_some() && held == named {

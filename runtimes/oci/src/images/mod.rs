@@ -89,6 +89,25 @@ impl ImageError {
     }
 }
 
+/// `path` opened (made if missing) for reading and writing, with an
+/// exclusive `flock` on it: waits for whoever holds it.
+fn locked_file(path: &Path) -> Result<std::fs::File, ImageError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
+        ImageError::Io {
+            path: path.display().to_string(),
+            source: e.into(),
+        }
+    })?;
+    Ok(file)
+}
+
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ImageError + '_ {
     move |source| ImageError::Io {
         path: path.display().to_string(),
@@ -446,19 +465,7 @@ impl ImageStore {
     }
 
     pub fn lock(&self) -> Result<Locked<'_>, ImageError> {
-        let path = self.root.join(".lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).map_err(|e| {
-            ImageError::Io {
-                path: path.display().to_string(),
-                source: e.into(),
-            }
-        })?;
+        let file = locked_file(&self.root.join(".lock"))?;
         Ok(Locked {
             _file: file,
             store: self,
