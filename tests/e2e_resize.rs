@@ -176,7 +176,18 @@ async fn a_resize_is_actuated_in_place_and_survives_a_restart(rt: Rt) {
         ]),
     )
     .await;
-    let p = resized(&pods, &pod, "300m").await;
+    resized(&pods, &pod, "300m").await;
+    // r's restart may be written a moment after c's resize shows.
+    let p = wait_for(
+        "r restarted for its memory resize",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get_opt(&pod).await.ok().flatten()?;
+            let r = find_status(&p, "r")?;
+            (r.restart_count >= 1 && running(&p)).then_some(p)
+        },
+    )
+    .await;
     let (c, r) = (status_of(&p, "c"), status_of(&p, "r"));
     assert_eq!(
         c.container_id.as_deref(),
