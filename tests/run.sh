@@ -78,15 +78,21 @@ phase "cross: the static x86_64 binary (15 MB budget); armv7 type-checked beside
 # minutes cold, most of it armv7's standard library) runs niced beside the
 # end-to-end tests, which mostly wait, in a process group of its own.
 cross/build.sh x86_64-unknown-linux-musl | tee target/cross.log
-rm -f target/armv7-check.rc
+# beside NAME CMD...: CMD niced, in a process group of its own, its output
+# in target/NAME.log and its exit code in target/NAME.rc ($! is its job).
+beside() {
+  rm -f "target/$1.rc"
+  setsid bash -c 'rc=0; nice -n 10 "${@:2}" >"target/$1.log" 2>&1 || rc=$?; echo "$rc" >"target/$1.rc"' _ "$@" &
+}
 # (In the cross build's target dir: the tests' own would make cargo wait.)
-CARGO_TARGET_DIR=${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target} setsid bash -c 'rc=0; nice -n 10 cross/check.sh armv7-unknown-linux-musleabihf >target/armv7-check.log 2>&1 || rc=$?; echo "$rc" >target/armv7-check.rc' &
+beside armv7-check env CARGO_TARGET_DIR="${KINGLET_CROSS_TARGET_DIR:-/var/cache/kinglet/cross-target}" \
+  cross/check.sh armv7-unknown-linux-musleabihf
 armjob=$!
 # The demo's own build (tests/demo.sh's: `cross/build.sh TARGET --demo`,
 # unoptimised; a target dir of its own), niced beside the tests, for the
 # demo's test, which runs after the others.
-rm -f target/demo-build.rc
-KINGLET_CROSS_TARGET_DIR=${KINGLET_DEMO_TARGET_DIR:-/var/cache/kinglet/demo-target} setsid bash -c 'rc=0; nice -n 10 cross/build.sh x86_64-unknown-linux-musl --demo >target/demo-build.log 2>&1 || rc=$?; echo "$rc" >target/demo-build.rc' &
+beside demo-build env KINGLET_CROSS_TARGET_DIR="${KINGLET_DEMO_TARGET_DIR:-/var/cache/kinglet/demo-target}" \
+  cross/build.sh x86_64-unknown-linux-musl --demo
 demojob=$!
 phase "the Yocto layer (packaging/yocto/check.py: no bitbake here)"
 packaging/yocto/prepare.sh x86_64-unknown-linux-musl
